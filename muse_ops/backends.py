@@ -1,0 +1,87 @@
+"""Which implementation runs an op: explicit, overridable, queryable, never silent.
+
+Order of precedence: the op's `backend=` argument, then `set_backend()`, then the environment
+variable MUSE_OPS_BACKEND, then the default: `cutedsl` where it can run the call (an sm_90 GPU
+with nvidia-cutlass-dsl importable and a kernel for this op and variant), else `reference`.
+An explicitly requested backend that cannot run raises with the reason. When the default falls
+back to the reference on a GPU, the reason is logged once (logger "muse_ops") and
+`last_backend(op)` / `backend_report()` tell which one ran.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+BACKENDS = ("cutedsl", "reference")
+ENV_VAR = "MUSE_OPS_BACKEND"
+CHECK_ENV_VAR = "MUSE_OPS_CHECK"
+
+log = logging.getLogger("muse_ops")
+_forced: str | None = None
+_last: dict[str, str] = {}
+_logged: set[tuple] = set()
+
+
+def set_backend(name: str | None) -> None:
+    """Force a backend for every op call that does not pass `backend=`; None restores the default."""
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {name!r}")
+    global _forced
+    _forced = name
+
+
+def checked_mode() -> bool:
+    """MUSE_OPS_CHECK=1: the GPU backend also validates contents (a host sync) on eager calls."""
+    return os.environ.get(CHECK_ENV_VAR, "0") not in ("", "0")
+
+
+def cutedsl_support(op: str, device: torch.device, **variant) -> tuple[bool, str]:
+    """Whether the CuTe DSL backend can run `op` for this variant on `device`, and why not."""
+    if device.type != "cuda":
+        return False, f"{device.type} device (the CuTe DSL kernels need an sm_90 GPU)"
+    if op == "qkv_front":
+        return False, "no CuTe DSL qkv_front kernel yet"
+    try:
+        from .cutedsl import attn2 as kernel
+    except Exception as exc:  # ImportError, or a cutlass that fails to initialise
+        return False, f"CuTe DSL backend not importable: {type(exc).__name__}: {exc}"
+    return kernel.can_implement(device, **variant)
+
+
+def available_backends(device, op: str = "attn2", **variant) -> dict[str, tuple[bool, str]]:
+    """{name: (can run, why)} for `op` on `device`; variant = kv_heads, q_len, window, max_seq_len."""
+    device = torch.device(device)
+    if op == "attn2":
+        variant = {"kv_heads": 2, "q_len": 8, "window": 0, "max_seq_len": 32768, **variant}
+    return {"cutedsl": cutedsl_support(op, device, **variant), "reference": (True, "runs anywhere")}
+
+
+def resolve(op: str, device: torch.device, requested: str | None, **variant) -> str:
+    name = requested or _forced or os.environ.get(ENV_VAR) or None
+    if name is not None:
+        if name not in BACKENDS:
+            raise ValueError(f"muse::{op}: backend must be one of {BACKENDS}, got {name!r}")
+        if name == "cutedsl":
+            ok, why = cutedsl_support(op, device, **variant)
+            if not ok:
+                raise RuntimeError(f"muse::{op}: the cutedsl backend was requested but cannot run: {why}")
+    else:
+        ok, why = cutedsl_support(op, device, **variant)
+        name = "cutedsl" if ok else "reference"
+        key = (op, str(device), name, why)
+        if device.type == "cuda" and not ok and key not in _logged:
+            _logged.add(key)
+            log.warning("muse::%s on %s runs on the reference backend: %s", op, device, why)
+    _last[op] = name
+    return name
+
+
+def last_backend(op: str) -> str | None:
+    """The backend that ran the most recent eager call of `op` ("attn2" or "qkv_front")."""
+    return _last.get(op)
+
+
+def backend_report() -> dict[str, str]:
+    return dict(_last)

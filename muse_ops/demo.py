@@ -1,0 +1,76 @@
+"""`python -m muse_ops demo`: a few speculative-verify steps of a TP8-sized layer (Hkv 2).
+
+Random weights, a paged cache holding requests of different lengths, sliding and full layers;
+each step runs MuseAttentionDecode (qkv_front then attn2), prints its time and backend, and the
+last step of each layer is checked against a float64 evaluation (float64_check.py).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from . import backends
+from .config import HIDDEN, DeploymentConfig
+from .float64_check import attn2_f64, qkv_front_f64, within_tolerance
+from .module import MuseAttentionDecode
+from .paged import PagedBatch, allocate_kv_cache, block_positions, block_slots
+
+
+def run_demo(device: str = "auto", steps: int = 3, lengths=(40, 333, 1500, 2600), seed: int = 0,
+             backend: str | None = None) -> bool:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    q_len, kv_heads, max_seq_len = 8, 2, 4096
+    num_pages = 2048
+    print(f"muse_ops demo on {dev}: Hkv={kv_heads}, q_len={q_len}, requests of lengths {list(lengths)} "
+          f"(+{q_len} per step)")
+    ok_all = True
+    for name, cfg in (("sliding", DeploymentConfig.sliding(kv_heads=kv_heads, max_seq_len=max_seq_len,
+                                                           max_batch=len(lengths))),
+                      ("full", DeploymentConfig.full(kv_heads=kv_heads, max_seq_len=max_seq_len,
+                                                     max_batch=len(lengths)))):
+        torch.manual_seed(seed)
+        layer = MuseAttentionDecode(cfg, device=dev, backend=backend)
+        print(f"[{name} layer] attention backend: {layer.prepare()}")
+        cache = allocate_kv_cache(num_pages, kv_heads, device=dev)
+        cache.normal_(generator=None)  # history: N(0,1) keys and values
+        lens = list(lengths)
+        batch = PagedBatch.build([n + steps * q_len for n in lens], num_pages, q_len, generator=gen, device=dev)
+        for step in range(steps):
+            cur = torch.tensor([n + (step + 1) * q_len for n in lens], dtype=torch.int32, device=dev)
+            b = PagedBatch(seq_lens=cur, page_table=batch.page_table, positions=block_positions(cur, q_len),
+                           slots=block_slots(batch.page_table, cur, q_len))
+            x = torch.randn(len(lens) * q_len, HIDDEN, generator=gen).to(dev, torch.bfloat16)
+            if step == steps - 1:
+                y64 = qkv_front_f64(x, layer.qkv_weight.detach(), b.positions, layer.cos_sin, kv_heads)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = layer(x, b.positions, b.slots, cache, b.page_table, b.seq_lens)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1e3
+            print(f"  step {step}: {ms:8.2f} ms  qkv_front={backends.last_backend('qkv_front')} "
+                  f"attn2={backends.last_backend('attn2')}")
+        ref = attn2_f64(y64.to(torch.bfloat16).to(dev), cache, b.page_table, b.seq_lens,
+                        q_len=q_len, window=cfg.window, scale=cfg.scale)
+        ok, max_err, mean_err = within_tolerance(out, ref)
+        ok_all &= ok
+        print(f"  last step vs float64: max |err| {max_err:.2e}, mean |err| {mean_err:.2e} -> "
+              f"{'OK' if ok else 'FAIL'}")
+    print("demo: " + ("all checks passed" if ok_all else "CHECK FAILED"))
+    return ok_all
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m muse_ops demo", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--backend", choices=backends.BACKENDS, default=None)
+    a = p.parse_args(argv)
+    return 0 if run_demo(a.device, a.steps, backend=a.backend) else 1

@@ -1,0 +1,66 @@
+"""Errors the package raises, and the device-side error flag the kernels set.
+
+Metadata (dtype, shape, device, strides, alignment) is checked on every call and raises
+MuseInputError before anything is written. Contents (lengths, page indices, slots) cannot be
+read on the host without a sync that would break CUDA-graph capture, so the GPU kernels instead
+skip what is out of range and OR a bit into a per-device int32 flag; `device_errors()` reads it
+(a sync) and `raise_device_errors()` turns it into an exception.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+# Bits of the device error flag.
+BAD_SEQ_LEN = 1      # a request's L outside [q_len, max_seq_len]: its rows are written as zeros
+BAD_PAGE = 2         # a page-table entry outside [0, num_pages): the page is skipped
+BAD_SLOT = 4         # a slot at or past num_pages * 16: the insert is skipped
+
+_FLAG_NAMES = {BAD_SEQ_LEN: "seq_lens outside [q_len, max_seq_len]",
+               BAD_PAGE: "page_table entry outside [0, num_pages)",
+               BAD_SLOT: "slot outside the cache"}
+
+
+class MuseInputError(ValueError):
+    """An argument of a muse op does not meet the contract; the message names it."""
+
+
+class MuseDeviceError(RuntimeError):
+    """A kernel met out-of-range contents (see the flag bits above) since the last check."""
+
+
+_flags: dict[torch.device, torch.Tensor] = {}
+_lock = threading.Lock()
+
+
+def error_flag(device: torch.device) -> torch.Tensor:
+    """The int32 [1] flag kernels on `device` OR their error bits into (allocated once, zeroed)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with _lock:
+        flag = _flags.get(device)
+        if flag is None:
+            flag = _flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        return flag
+
+
+def device_errors(device: torch.device, reset: bool = True) -> int:
+    """The error bits recorded on `device` since the last reset (synchronises with the device)."""
+    flag = error_flag(device)
+    bits = int(flag.item())
+    if reset and bits:
+        flag.zero_()
+    return bits
+
+
+def describe(bits: int) -> str:
+    return "; ".join(name for bit, name in _FLAG_NAMES.items() if bits & bit) or "none"
+
+
+def raise_device_errors(device: torch.device) -> None:
+    """Raise MuseDeviceError if any kernel on `device` recorded out-of-range contents."""
+    bits = device_errors(device)
+    if bits:
+        raise MuseDeviceError(f"muse kernels on {device} met invalid inputs: {describe(bits)} (flag {bits})")

@@ -1,0 +1,73 @@
+"""MuseAttentionDecode: the attention of one Muse Spark layer for decode / verify steps.
+
+It owns the fused projection weight [1152*Hkv, 8192] (q | k | v | gate rows), the optional
+output projection, the RoPE cos|sin table of a sliding-window layer (built once, sized by the
+deployment's positions), the deployment config and attn2's workspace. The KV cache belongs to
+the caller (one cache per layer, shared with the engine's allocator) and is written in place.
+No kernel logic lives here: forward is qkv_front, attn2, then o_proj.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import ops
+from .config import HIDDEN, DeploymentConfig, proj_cols, q_heads, HEAD_DIM
+from .reference import rope_cos_sin
+
+
+class MuseAttentionDecode(nn.Module):
+    def __init__(self, config: DeploymentConfig, *, o_proj: bool = False, max_positions: int | None = None,
+                 device=None, backend: str | None = None):
+        super().__init__()
+        self.config = config
+        self.backend = backend
+        kw = {"device": device, "dtype": torch.bfloat16}
+        self.qkv_weight = nn.Parameter(torch.empty(proj_cols(config.kv_heads), HIDDEN, **kw))
+        self.o_proj = (nn.Linear(q_heads(config.kv_heads) * HEAD_DIM, HIDDEN, bias=False, **kw)
+                       if o_proj else None)
+        if config.rope:
+            positions = max_positions or config.max_seq_len
+            self.register_buffer("cos_sin", rope_cos_sin(positions, config.rope_theta, device), persistent=False)
+        else:
+            self.cos_sin = None
+        self.register_buffer("workspace", self._new_workspace(device), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.qkv_weight, std=1.0 / math.sqrt(HIDDEN))
+        if self.o_proj is not None:
+            nn.init.normal_(self.o_proj.weight, std=1.0 / math.sqrt(self.o_proj.in_features))
+
+    def _new_workspace(self, device) -> torch.Tensor:
+        c = self.config
+        return ops.attn2_workspace(device or "cpu", c.max_batch, c.kv_heads, c.q_len, c.window, c.max_seq_len)
+
+    def prepare(self) -> str:
+        """Build-time setup on the module's device: size the workspace for the backend that will
+        run there and compile its kernels, so the first step pays nothing. Returns that backend."""
+        device = self.qkv_weight.device
+        self.workspace = self._new_workspace(device)
+        c = self.config
+        return ops.prepare(c.kv_heads, c.q_len, c.window, c.max_seq_len, device)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv_cache: torch.Tensor,
+                page_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """x [R*q_len, 8192] (or [R, q_len, 8192]) -> [R*q_len, 512*Hkv] (or [.., 8192] with o_proj).
+        Writes the block's keys and values into kv_cache at slots."""
+        c = self.config
+        x2 = x.reshape(-1, HIDDEN)
+        y = ops.qkv_front(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, backend=self.backend)
+        workspace = self.workspace if self.workspace.device == x.device else None
+        out = ops.attn2(y, kv_cache, page_table, seq_lens, q_len=c.q_len, window=c.window, scale=c.scale,
+                        max_seq_len=c.max_seq_len, workspace=workspace, backend=self.backend)
+        if self.o_proj is not None:
+            out = self.o_proj(out)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"kv_heads={c.kv_heads}, q_len={c.q_len}, window={c.window}, max_seq_len={c.max_seq_len}, "
+                f"scale={c.scale:.5f}, rope={c.rope}, o_proj={self.o_proj is not None}")

@@ -1,0 +1,62 @@
+"""attn2 in plain PyTorch (DESIGN.md section 4): the numerics spec of the verify attention.
+
+Row r * q_len + t of y is request r's token at position L - q_len + t. Query head h (KV head
+h // 8) sees keys [max(0, pos - W + 1), pos] with window W, [0, pos] without, and
+
+    o   = softmax(scale * q k^T) v                 fp32
+    out = bf16(sigmoid(gate) * rmsnorm(bf16(o)))   per head, weightless, eps 1e-5, fp32 math
+
+Vectorised: every request's pages are gathered up to the page table's width and masked per
+key, then one batched matmul per product. Cache rows past a request's length may hold anything
+(NaN included), so masked keys are zeroed in V, not only in the logits (0 * NaN = NaN).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS, column_offsets
+
+
+def attn2_ref(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
+              *, q_len: int, window: int, scale: float) -> torch.Tensor:
+    num_pages, kv_heads = kv_cache.shape[0], kv_cache.shape[1]
+    hq = GROUP * kv_heads
+    r = seq_lens.shape[0]
+    cols = column_offsets(kv_heads)
+    out = y.new_empty((q_len * r, hq * HEAD_DIM))
+    if r == 0:
+        return out
+    width = page_table.shape[1]
+    keys = width * PAGE_SIZE
+
+    # Gather every request's pages; entries past its last page are masked below, whatever they hold.
+    pages = page_table.long().clamp(0, num_pages - 1)                       # [R, P]
+    kv = kv_cache[pages].permute(0, 2, 1, 3, 4).reshape(r, kv_heads, keys, 2 * HEAD_DIM)
+    k = kv[..., :HEAD_DIM].float()                                          # [R, Hkv, T, 64]
+    v = kv[..., HEAD_DIM:].float()
+
+    # Query rows of request r, KV head g: token t, head j -> [R, Hkv, q_len * 8, 64]
+    q = y[:, :hq * HEAD_DIM].float().view(r, q_len, kv_heads, GROUP, HEAD_DIM)
+    q = q.permute(0, 2, 1, 3, 4).reshape(r, kv_heads, q_len * GROUP, HEAD_DIM)
+
+    L = seq_lens.long()
+    pos = (L[:, None] - q_len + torch.arange(q_len, device=y.device))       # [R, q_len]
+    key = torch.arange(keys, device=y.device)
+    visible = key[None, None, :] <= pos[:, :, None]                          # causal + length
+    if window > 0:
+        visible &= key[None, None, :] > pos[:, :, None] - window
+    visible = visible.repeat_interleave(GROUP, dim=1)[:, None]              # [R, 1, q_len*8, T]
+    in_request = (key[None, :] < L[:, None])[:, None, :, None]              # [R, 1, T, 1]
+    v = torch.where(in_request, v, 0.0)
+    k = torch.where(in_request, k, 0.0)
+
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~visible, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    o = torch.matmul(p, v).to(torch.bfloat16).float()                       # [R, Hkv, q_len*8, 64]
+
+    o = o.view(r, kv_heads, q_len, GROUP, HEAD_DIM).permute(0, 2, 1, 3, 4).reshape(r * q_len, hq, HEAD_DIM)
+    gate = y[:, cols["gate"]:].float().view(r * q_len, hq, HEAD_DIM)
+    normed = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + RMS_EPS)
+    out.copy_((torch.sigmoid(gate) * normed).view(r * q_len, hq * HEAD_DIM))
+    return out

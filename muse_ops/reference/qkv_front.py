@@ -1,0 +1,64 @@
+"""qkv_front in plain PyTorch (DESIGN.md section 3): the numerics spec of the fused front.
+
+    p  = bf16(x @ weight^T)                      fp32 accumulation
+    q', k' per head: n = bf16(p_h * rsqrt(mean(p_h^2) + eps))   then, with cos_sin, interleaved RoPE
+    y  = q' | k' | v | gate                       v and gate are p unchanged
+    kv_cache[slot // 16, h, slot % 16] = k'_h | v_h   for every slot >= 0
+
+Vectorised over tokens and heads; readable over fast. Runs on any device.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS, ROPE_THETA
+
+
+def rope_cos_sin(max_positions: int, theta: float = ROPE_THETA, device=None) -> torch.Tensor:
+    """fp32 [max_positions, 64]: cos(pos * f_i) in columns 0:32, sin in 32:64, f_i = theta^(-2i/64).
+
+    Built the way SGLang's RotaryEmbedding builds its cache, once per deployment."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64, device=device) / HEAD_DIM))
+    pos = torch.arange(max_positions, dtype=torch.float64, device=device)
+    freqs = torch.outer(pos, inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(torch.float32)
+
+
+def head_rmsnorm(p: torch.Tensor) -> torch.Tensor:
+    """Weightless RMS norm over the last dim (64) in fp32, rounded to bf16."""
+    p = p.float()
+    return (p * torch.rsqrt(p.square().mean(-1, keepdim=True) + RMS_EPS)).to(torch.bfloat16)
+
+
+def interleaved_rope(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on interleaved pairs (2i, 2i+1) of bf16 n [..., 64]; cos, sin fp32 [..., 32]."""
+    n = n.float()
+    even, odd = n[..., 0::2], n[..., 1::2]
+    out = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
+    return out.flatten(-2).to(torch.bfloat16)
+
+
+def qkv_front_ref(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                  cos_sin: torch.Tensor | None, kv_cache: torch.Tensor) -> torch.Tensor:
+    """y bf16 [M, N]; writes the new keys and values into kv_cache at slots (in place)."""
+    kv_heads = kv_cache.shape[1]
+    hq = GROUP * kv_heads
+    m = x.shape[0]
+    p = (x.float() @ weight.float().t()).to(torch.bfloat16)            # [M, N]
+    heads = p.view(m, -1, HEAD_DIM)                                     # [M, 2Hq + 2Hkv, 64]
+    qk = head_rmsnorm(heads[:, : hq + kv_heads])                        # q heads then k heads
+    if cos_sin is not None:
+        rows = cos_sin[positions.long()]                                # [M, 64]
+        cos = rows[:, None, : HEAD_DIM // 2]
+        sin = rows[:, None, HEAD_DIM // 2:]
+        qk = interleaved_rope(qk, cos, sin)
+    y = torch.cat((qk, heads[:, hq + kv_heads:]), dim=1).view(m, -1)
+
+    keep = slots >= 0
+    slot = slots[keep].long()
+    k_new = qk[keep, hq:]                                               # [M', Hkv, 64]
+    v_new = heads[keep, hq + kv_heads: hq + 2 * kv_heads]               # [M', Hkv, 64]
+    page, row = slot // PAGE_SIZE, slot % PAGE_SIZE
+    # advanced indices around a slice put the token dim first: the target is [M', Hkv, 128]
+    kv_cache[page, :, row] = torch.cat((k_new, v_new), dim=-1)
+    return y

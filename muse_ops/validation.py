@@ -1,0 +1,151 @@
+"""Input checks of both ops (DESIGN.md section 6), shared by the real ops and their fakes.
+
+`check_*_metadata` reads only dtype, shape, device and strides: it is free (no sync), works on
+fake tensors, and runs on every call. `check_*_contents` reads values (a host sync): the
+reference backend runs it on every eager call, the GPU backend when MUSE_OPS_CHECK=1. Both raise
+MuseInputError naming the argument and what was expected, before anything is written.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, SUPPORTED_Q_LENS, proj_cols
+from .errors import MuseInputError
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _fail(op: str, arg: str, expected: str, got) -> None:
+    raise MuseInputError(f"muse::{op}: {arg} must be {expected}, got {got}")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{t.dtype} {list(t.shape)} strides {list(t.stride())} on {t.device}"
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor) or t.device.type == "meta"
+
+
+def _check_tensor(op: str, arg: str, t, dtypes, ndim: int, device: torch.device | None) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(op, arg, "a tensor", type(t).__name__)
+    if t.dtype not in dtypes:
+        _fail(op, arg, " or ".join(str(d) for d in dtypes), _describe(t))
+    if t.dim() != ndim:
+        _fail(op, arg, f"{ndim}-D", _describe(t))
+    if device is not None and t.device != device:
+        _fail(op, arg, f"on {device} (the device of the other inputs)", _describe(t))
+    if not t.is_contiguous():
+        _fail(op, arg, "contiguous", _describe(t))
+    if t.numel() and not _is_fake(t) and t.data_ptr() % 16:
+        _fail(op, arg, "16-byte aligned", f"address {t.data_ptr():#x}")
+
+
+def check_kv_cache(op: str, kv_cache: torch.Tensor) -> int:
+    """bf16 [pages, Hkv, 16, 128], contiguous and aligned; returns Hkv."""
+    _check_tensor(op, "kv_cache", kv_cache, (torch.bfloat16,), 4, None)
+    pages, kv_heads, rows, width = kv_cache.shape
+    if rows != PAGE_SIZE or width != CACHE_ROW or kv_heads < 1 or pages < 1:
+        _fail(op, "kv_cache", f"bf16 [pages >= 1, Hkv >= 1, {PAGE_SIZE}, {CACHE_ROW}]", _describe(kv_cache))
+    return kv_heads
+
+
+def check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache) -> None:
+    op = "qkv_front"
+    kv_heads = check_kv_cache(op, kv_cache)
+    dev = kv_cache.device
+    _check_tensor(op, "x", x, (torch.bfloat16,), 2, dev)
+    m = x.shape[0]
+    if x.shape[1] != HIDDEN:
+        _fail(op, "x", f"bf16 [M, {HIDDEN}]", _describe(x))
+    n = proj_cols(kv_heads)
+    _check_tensor(op, "weight", weight, (torch.bfloat16,), 2, dev)
+    if tuple(weight.shape) != (n, HIDDEN):
+        _fail(op, "weight", f"bf16 [{n}, {HIDDEN}] (1152 * Hkv rows, Hkv = {kv_heads} from kv_cache)",
+              _describe(weight))
+    for arg, t in (("positions", positions), ("slots", slots)):
+        _check_tensor(op, arg, t, _INDEX_DTYPES, 1, dev)
+        if t.shape[0] != m:
+            _fail(op, arg, f"[M] with M = {m} (rows of x)", _describe(t))
+    if cos_sin is not None:
+        _check_tensor(op, "cos_sin", cos_sin, (torch.float32,), 2, dev)
+        if cos_sin.shape[1] != HEAD_DIM or cos_sin.shape[0] < 1:
+            _fail(op, "cos_sin", f"float32 [max_positions, {HEAD_DIM}] (cos | sin)", _describe(cos_sin))
+
+
+def check_qkv_front_contents(positions, slots, cos_sin, kv_cache) -> None:
+    op = "qkv_front"
+    capacity = kv_cache.shape[0] * PAGE_SIZE
+    if slots.numel():
+        bad = slots >= capacity
+        if bool(bad.any()):
+            _fail(op, "slots", f"< {capacity} (num_pages * 16) or negative for padding",
+                  f"{int(slots[bad][0])} at index {int(bad.nonzero()[0, 0])}")
+        kept = slots[slots >= 0]
+        if kept.unique().numel() != kept.numel():
+            _fail(op, "slots", "distinct (two tokens cannot write one cache row)", "a repeated slot")
+    if cos_sin is not None and positions.numel():
+        bad = (positions < 0) | (positions >= cos_sin.shape[0])
+        if bool(bad.any()):
+            _fail(op, "positions", f"in [0, {cos_sin.shape[0]}) (rows of cos_sin)",
+                  f"{int(positions[bad][0])} at index {int(bad.nonzero()[0, 0])}")
+
+
+def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
+                         workspace_bytes: int = 0) -> None:
+    op = "attn2"
+    kv_heads = check_kv_cache(op, kv_cache)
+    dev = kv_cache.device
+    if q_len not in SUPPORTED_Q_LENS:
+        _fail(op, "q_len", f"one of {SUPPORTED_Q_LENS}", q_len)
+    if window < 0:
+        _fail(op, "window", "0 (full attention) or a positive number of tokens", window)
+    if max_seq_len < q_len:
+        _fail(op, "max_seq_len", f">= q_len ({q_len})", max_seq_len)
+    if not (scale > 0 and scale < float("inf")):
+        _fail(op, "scale", "a positive finite float", scale)
+    _check_tensor(op, "seq_lens", seq_lens, (torch.int32,), 1, dev)
+    r = seq_lens.shape[0]
+    _check_tensor(op, "page_table", page_table, (torch.int32,), 2, dev)
+    if page_table.shape[0] != r:
+        _fail(op, "page_table", f"int32 [R, max_pages] with R = {r} (length of seq_lens)", _describe(page_table))
+    if r and page_table.shape[1] < 1:
+        _fail(op, "page_table", "at least one page wide", _describe(page_table))
+    n = proj_cols(kv_heads)
+    _check_tensor(op, "y", y, (torch.bfloat16,), 2, dev)
+    if tuple(y.shape) != (q_len * r, n):
+        _fail(op, "y", f"bf16 [q_len * R, {n}] = [{q_len * r}, {n}] (Hkv = {kv_heads} from kv_cache)", _describe(y))
+    if workspace is not None:
+        _check_tensor(op, "workspace", workspace, (torch.uint8,), 1, dev)
+    if workspace_bytes and (workspace is None or workspace.numel() < workspace_bytes):
+        got = "None" if workspace is None else f"{workspace.numel()} bytes"
+        _fail(op, "workspace", f"a zero-initialised uint8 tensor of >= {workspace_bytes} bytes "
+              "(muse_ops.attn2_workspace builds one)", got)
+
+
+def check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len) -> None:
+    op = "attn2"
+    if seq_lens.numel() == 0:
+        return
+    bad = (seq_lens < q_len) | (seq_lens > max_seq_len)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        _fail(op, "seq_lens", f"in [q_len, max_seq_len] = [{q_len}, {max_seq_len}]",
+              f"{int(seq_lens[i])} for request {i}")
+    width = page_table.shape[1]
+    too_long = seq_lens > width * PAGE_SIZE
+    if bool(too_long.any()):
+        i = int(too_long.nonzero()[0, 0])
+        _fail(op, "page_table", f"wide enough for every request ({width} pages hold {width * PAGE_SIZE} tokens)",
+              f"L = {int(seq_lens[i])} for request {i}")
+    # The pages a request reads: from its first row's first visible key to its last key.
+    first = (seq_lens - q_len - window + 1).clamp(min=0) // PAGE_SIZE if window else torch.zeros_like(seq_lens)
+    page = torch.arange(width, device=page_table.device)[None, :]
+    used = (page >= first[:, None]) & (page < ((seq_lens + PAGE_SIZE - 1) // PAGE_SIZE)[:, None])
+    bad = used & ((page_table < 0) | (page_table >= kv_cache.shape[0]))
+    if bool(bad.any()):
+        r, p = (int(v) for v in bad.nonzero()[0])
+        _fail(op, "page_table", f"in [0, {kv_cache.shape[0]}) (num_pages) for every page a request uses",
+              f"{int(page_table[r, p])} at [{r}, {p}]")
