@@ -28,7 +28,8 @@ def _is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor) or t.device.type == "meta"
 
 
-def _check_tensor(op: str, arg: str, t, dtypes, ndim: int, device: torch.device | None) -> None:
+def _check_tensor(op: str, arg: str, t, dtypes, ndim: int, device: torch.device | None, aligned: bool = True) -> None:
+    """aligned: the data tensors are read in 16-byte vectors; index tensors element by element."""
     if not isinstance(t, torch.Tensor):
         _fail(op, arg, "a tensor", type(t).__name__)
     if t.dtype not in dtypes:
@@ -39,7 +40,7 @@ def _check_tensor(op: str, arg: str, t, dtypes, ndim: int, device: torch.device 
         _fail(op, arg, f"on {device} (the device of the other inputs)", _describe(t))
     if not t.is_contiguous():
         _fail(op, arg, "contiguous", _describe(t))
-    if t.numel() and not _is_fake(t) and t.data_ptr() % 16:
+    if aligned and t.numel() and not _is_fake(t) and t.data_ptr() % 16:
         _fail(op, arg, "16-byte aligned", f"address {t.data_ptr():#x}")
 
 
@@ -66,7 +67,7 @@ def check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache) -> 
         _fail(op, "weight", f"bf16 [{n}, {HIDDEN}] (1152 * Hkv rows, Hkv = {kv_heads} from kv_cache)",
               _describe(weight))
     for arg, t in (("positions", positions), ("slots", slots)):
-        _check_tensor(op, arg, t, _INDEX_DTYPES, 1, dev)
+        _check_tensor(op, arg, t, _INDEX_DTYPES, 1, dev, aligned=False)
         if t.shape[0] != m:
             _fail(op, arg, f"[M] with M = {m} (rows of x)", _describe(t))
     if cos_sin is not None:
@@ -106,9 +107,9 @@ def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, wi
         _fail(op, "max_seq_len", f">= q_len ({q_len})", max_seq_len)
     if not (scale > 0 and scale < float("inf")):
         _fail(op, "scale", "a positive finite float", scale)
-    _check_tensor(op, "seq_lens", seq_lens, (torch.int32,), 1, dev)
+    _check_tensor(op, "seq_lens", seq_lens, (torch.int32,), 1, dev, aligned=False)
     r = seq_lens.shape[0]
-    _check_tensor(op, "page_table", page_table, (torch.int32,), 2, dev)
+    _check_tensor(op, "page_table", page_table, (torch.int32,), 2, dev, aligned=False)
     if page_table.shape[0] != r:
         _fail(op, "page_table", f"int32 [R, max_pages] with R = {r} (length of seq_lens)", _describe(page_table))
     if r and page_table.shape[1] < 1:

@@ -46,9 +46,13 @@ def attn2_ref(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
     if window > 0:
         visible &= key[None, None, :] > pos[:, :, None] - window
     visible = visible.repeat_interleave(GROUP, dim=1)[:, None]              # [R, 1, q_len*8, T]
-    in_request = (key[None, :] < L[:, None])[:, None, :, None]              # [R, 1, T, 1]
-    v = torch.where(in_request, v, 0.0)
-    k = torch.where(in_request, k, 0.0)
+    # Keys some row of the request sees; the rest (past L, before the window) may be garbage.
+    needed = key[None, :] < L[:, None]
+    if window > 0:
+        needed &= key[None, :] > pos[:, :1] - window
+    needed = needed[:, None, :, None]                                       # [R, 1, T, 1]
+    v = torch.where(needed, v, 0.0)
+    k = torch.where(needed, k, 0.0)
 
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     s = s.masked_fill(~visible, float("-inf"))

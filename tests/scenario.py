@@ -1,0 +1,35 @@
+"""Random, realistic inputs for the ops: scattered pages in a pool whose unused pages and rows
+hold NaN (so a read outside a request shows up), q and k rms-normalised like qkv_front's output."""
+import torch
+
+from muse_ops.config import HIDDEN, PAGE_SIZE, proj_cols
+from muse_ops.paged import PagedBatch
+
+BF16 = torch.bfloat16
+
+
+def nan_poisoned_cache(num_pages, kv_heads, batch: PagedBatch, gen, device="cpu"):
+    """N(0,1) keys and values in every row a request holds, NaN everywhere else."""
+    cache = torch.full((num_pages, kv_heads, PAGE_SIZE, 128), float("nan"), dtype=BF16)
+    for r, length in enumerate(batch.seq_lens.tolist()):
+        t = torch.arange(length)
+        pages = batch.page_table[r].long().cpu()[t // PAGE_SIZE]
+        cache[pages, :, t % PAGE_SIZE] = torch.randn(length, kv_heads, 128, generator=gen).to(BF16)
+    return cache.to(device)
+
+
+def attn2_inputs(lengths, q_len, kv_heads, gen, spare_pages=7, device="cpu"):
+    """(y, kv_cache, batch): a verify block per request over a scattered, NaN-poisoned cache."""
+    need = sum(-(-n // PAGE_SIZE) for n in lengths)
+    num_pages = need + spare_pages
+    batch = PagedBatch.build(lengths, num_pages, q_len, max_pages=max(-(-n // PAGE_SIZE) for n in lengths) + 2,
+                             generator=gen)
+    cache = nan_poisoned_cache(num_pages, kv_heads, batch, gen)
+    y = torch.randn(q_len * len(lengths), proj_cols(kv_heads), generator=gen) * 1.5
+    return y.to(BF16).to(device), cache.to(device), batch
+
+
+def qkv_front_inputs(m, kv_heads, gen, num_pages=64, device="cpu"):
+    x = torch.randn(m, HIDDEN, generator=gen).to(BF16)
+    w = (torch.randn(proj_cols(kv_heads), HIDDEN, generator=gen) / HIDDEN ** 0.5).to(BF16)
+    return x.to(device), w.to(device)
