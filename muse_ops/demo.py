@@ -55,8 +55,9 @@ def run_demo(device: str = "auto", steps: int = 3, lengths=(40, 333, 1500, 2600)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) * 1e3
+            note = "  (first call: includes one-time imports and setup)" if step == 0 else ""
             print(f"  step {step}: {ms:8.2f} ms  qkv_front={backends.last_backend('qkv_front')} "
-                  f"attn2={backends.last_backend('attn2')}")
+                  f"attn2={backends.last_backend('attn2')}{note}")
         ref = attn2_f64(y64.to(torch.bfloat16).to(dev), cache, b.page_table, b.seq_lens,
                         q_len=q_len, window=cfg.window, scale=cfg.scale)
         ok, max_err, mean_err = within_tolerance(out, ref)
