@@ -14,7 +14,7 @@ setup(
     install_requires=["torch>=2.9"],
     extras_require={
         "cuda": ["nvidia-cutlass-dsl==4.8.1", "apache-tvm-ffi>=0.1.15"],
-        "test": ["pytest>=8", "hypothesis>=6.100"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "numpy"],
         "bench": ["pytest-benchmark>=4"],
     },
 )
