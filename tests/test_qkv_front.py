@@ -66,3 +66,14 @@ def test_qkv_front_empty():
     w = torch.zeros(1152, 8192, dtype=torch.bfloat16)
     idx = torch.empty(0, dtype=torch.int64)
     assert muse_ops.qkv_front(x, w, idx, idx, None, cache).shape == (0, 1152)
+
+
+def test_qkv_front_all_padding_writes_nothing():
+    gen = torch.Generator().manual_seed(9)
+    x, w = qkv_front_inputs(4, 1, gen)
+    cache = poisoned_cache(2, 1)
+    cache[1].normal_(generator=gen)
+    before = cache.clone()
+    slots = torch.full((4,), -1, dtype=torch.int64)
+    muse_ops.qkv_front(x, w, torch.arange(4), slots, None, cache)
+    assert torch.equal(cache.view(torch.int16), before.view(torch.int16))

@@ -54,11 +54,22 @@ def qkv_front_ref(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor
         qk = interleaved_rope(qk, cos, sin)
     y = torch.cat((qk, heads[:, hq + kv_heads:]), dim=1).view(m, -1)
 
-    keep = slots >= 0
-    slot = slots[keep].long()
-    k_new = qk[keep, hq:]                                               # [M', Hkv, 64]
-    v_new = heads[keep, hq + kv_heads: hq + 2 * kv_heads]               # [M', Hkv, 64]
-    page, row = slot // PAGE_SIZE, slot % PAGE_SIZE
-    # advanced indices around a slice put the token dim first: the target is [M', Hkv, 128]
-    kv_cache[page, :, row] = torch.cat((k_new, v_new), dim=-1)
+    _insert(kv_cache, slots, torch.cat((qk[:, hq:], heads[:, hq + kv_heads: hq + 2 * kv_heads]), dim=-1))
     return y
+
+
+def _insert(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """kv_cache[slot // 16, :, slot % 16] = rows[i] for every slot >= 0, without a host sync (so
+    the reference can be captured in a CUDA graph): a padding token (slot < 0) rewrites the row of
+    the first kept token with that token's own values, so duplicated targets carry identical
+    data; with no kept token at all, row 0 is rewritten with what it holds."""
+    m = slots.shape[0]
+    keep = slots >= 0
+    first = keep.to(torch.int32).argmax()
+    src = torch.where(keep, torch.arange(m, device=slots.device), first)
+    any_kept = keep.any()
+    target = torch.where(any_kept, slots.long()[src], 0)
+    page, row = target // PAGE_SIZE, target % PAGE_SIZE
+    # advanced indices around a slice put the token dim first: the target is [M, Hkv, 128]
+    old = kv_cache[page, :, row]
+    kv_cache[page, :, row] = torch.where(any_kept, rows[src], old)
