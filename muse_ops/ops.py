@@ -8,8 +8,9 @@ MUSE_OPS_CHECK=1), then runs the backend. Nothing is written before the checks p
 
 qkv_front returns a fresh y and mutates kv_cache in place (declared, so torch.compile keeps the
 write in place); attn2 returns a fresh out and mutates only its optional workspace (the split
-kernel's partials and self-resetting arrival counters). The public wrappers at the bottom take
-DESIGN.md's argument order (workspace as a keyword).
+kernel's partials and self-resetting arrival counters). The workspace has no default in the
+schema: torch 2.11 drops a defaulted argument before it bumps the versions of mutated ones and
+fails. The public wrappers at the bottom take DESIGN.md's argument order (workspace a keyword).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _attn2_variant(kv_cache: torch.Tensor, q_len: int, window: int, max_seq_len:
 
 @torch.library.custom_op("muse::attn2", mutates_args=("workspace",))
 def _attn2(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
-           workspace: Optional[torch.Tensor] = None, *, q_len: int, window: int, scale: float,
+           workspace: Optional[torch.Tensor], *, q_len: int, window: int, scale: float,
            max_seq_len: int, backend: Optional[str] = None) -> torch.Tensor:
     check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
     variant = _attn2_variant(kv_cache, q_len, window, max_seq_len)

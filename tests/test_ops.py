@@ -36,12 +36,12 @@ def _meta_of(t):
 
 def test_fakes_agree_with_reference(attn_case, front_case):
     y, cache, b = attn_case
-    real = torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, backend="reference", **ATTN_KW)
+    real = torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, None, backend="reference", **ATTN_KW)
     x, w, pos, slots, cs, kv = front_case
     real_y = torch.ops.muse.qkv_front(x, w, pos, slots, cs, kv.clone())
     with FakeTensorMode() as mode:
         fy, fcache, fpt, fsl = (mode.from_tensor(t) for t in (y, cache, b.page_table, b.seq_lens))
-        fake = torch.ops.muse.attn2(fy, fcache, fpt, fsl, **ATTN_KW)
+        fake = torch.ops.muse.attn2(fy, fcache, fpt, fsl, None, **ATTN_KW)
         fake_y = torch.ops.muse.qkv_front(*(mode.from_tensor(t) for t in (x, w, pos, slots, cs, kv)))
     assert _meta_of(fake) == _meta_of(real)
     assert _meta_of(fake_y) == _meta_of(real_y)
@@ -49,8 +49,9 @@ def test_fakes_agree_with_reference(attn_case, front_case):
 
 def test_opcheck_attn2(attn_case):
     y, cache, b = attn_case
-    torch.library.opcheck(torch.ops.muse.attn2.default, (y, cache, b.page_table, b.seq_lens),
-                          dict(backend="reference", **ATTN_KW))
+    for workspace in (None, torch.zeros(64, dtype=torch.uint8)):
+        torch.library.opcheck(torch.ops.muse.attn2.default, (y, cache, b.page_table, b.seq_lens, workspace),
+                              dict(backend="reference", **ATTN_KW))
 
 
 def test_opcheck_qkv_front(front_case):

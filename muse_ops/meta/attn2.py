@@ -7,7 +7,7 @@ from ..config import GROUP, HEAD_DIM
 from ..validation import check_attn2_metadata
 
 
-def attn2_fake(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len, window, scale, max_seq_len,
+def attn2_fake(y, kv_cache, page_table, seq_lens, workspace, *, q_len, window, scale, max_seq_len,
                backend=None) -> torch.Tensor:
     check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
     return y.new_empty((y.shape[0], GROUP * kv_cache.shape[1] * HEAD_DIM))
