@@ -1,0 +1,46 @@
+"""Shared pytest-benchmark glue: one contender on one case, timed by CUDA-graph replay over the
+case's rotating input sets; pytest-benchmark's rounds are graph replays (each divided by the
+number of sets), and the CUDA-event median, floor and ratio go into benchmark.extra_info."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from . import contenders as K
+from . import timing as T
+
+
+@functools.lru_cache(maxsize=1)
+def floors():
+    dev = torch.device("cuda")
+    return {"hbm_tbps": T.measure_hbm_tbps(dev), "node_us": T.measure_graph_node_us(dev)}
+
+
+def run(benchmark, kind, case, build, name):
+    dev = torch.device("cuda")
+    inp = build(case, dev, T.l2_bytes(dev))
+    try:
+        fn = (K.build_attn2_contender if kind == "attn2" else K.build_qkv_contender)(name, inp, dev)
+    except K.Absent as exc:
+        pytest.skip(f"{name}: absent ({exc})")
+    res = T.graph_time_us(fn, inp.sets)
+    # pytest-benchmark's own rounds: replays of the same graph of n calls
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(inp.sets):
+            fn(i)
+
+    def replay():
+        graph.replay()
+        torch.cuda.synchronize()
+    benchmark.pedantic(replay, rounds=20, warmup_rounds=2)
+    fl = floors()
+    floor_us = max(case.bytes() / (fl["hbm_tbps"] * 1e12) * 1e6, fl["node_us"])
+    benchmark.extra_info.update(
+        case=case.name, contender=name, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+        cuda_event_median_us=res["us"], p20_us=res["p20"], p80_us=res["p80"], sets=inp.sets,
+        note=inp.note, bytes=case.bytes(), gbps=case.bytes() / res["us"] / 1e3, floor_us=floor_us,
+        over_floor=res["us"] / floor_us, hbm_tbps=fl["hbm_tbps"], graph_node_us=fl["node_us"],
+        per_round="one replay of a graph of `sets` calls")

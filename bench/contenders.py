@@ -1,0 +1,261 @@
+"""The contenders of each op, side by side in one run.
+
+Each contender is built for one case's inputs and returns fn(i) -> output of input set i (the
+timing rotates over sets), or raises Absent(reason) when it cannot run here (not installed, not
+this device): it is then reported as absent, never faked.
+
+attn2 (y, paged cache -> out):
+  muse:<backend>     muse_ops.attn2, every available backend (cutedsl, reference)
+  fa4+normgate       FlashAttention-4 (flash_attn.cute.flash_attn_varlen_func) paged (page 16, its
+                     own [pages, 16, Hkv, 64] K and V caches holding the same data), causal, GQA,
+                     window (W-1, 0); then bench/stock_triton.norm_gate. sm_90: FA4 has no split-KV
+                     (num_splits=1, its default; its interface asserts on more), which is how it runs.
+  fa4 (attn only)    the same FA4 call without the epilogue (compare with DESIGN.md's numbers)
+  flex(paged)        torch.nn.attention.flex_attention under torch.compile (its decode kernel
+                     splits KV), paged the way torch's PagedAttention helper pages it: one
+                     physical [1, Hkv, pages*16, 64] K/V, a BlockMask whose KV blocks are pages
+                     (block 16) holding each request's physical pages, and a mask_mod mapping
+                     physical to logical positions; the norm x sigmoid(gate) in the same compiled
+                     function. The block mask's tensors are built per step outside the timed region.
+qkv_front (x, W -> y, cache insert):
+  muse:<backend>     muse_ops.qkv_front, every available backend
+  cublas+triton      torch.matmul (cuBLAS) then bench/stock_triton.qk_norm_rope_insert (in place,
+                     inserting into FA4-layout K/V caches)
+  compile(ref)       torch.compile of muse_ops' reference qkv_front
+"""
+from __future__ import annotations
+
+import torch
+
+from muse_ops.config import GROUP, HEAD_DIM, PAGE_SIZE
+
+from . import stock_triton
+from .cases import Attn2Inputs, QkvInputs
+
+
+class Absent(Exception):
+    """The contender cannot run here; the message says why."""
+
+
+# ----------------------------------------------------------------------------- helpers
+def fa4_module():
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+        import flash_attn.cute as fac
+    except Exception as exc:
+        raise Absent(f"flash_attn.cute not importable ({type(exc).__name__}: {exc})")
+    return flash_attn_varlen_func, getattr(fac, "__version__", "?")
+
+
+def fa4_version() -> str | None:
+    try:
+        from importlib.metadata import version
+        return version("flash-attn-4")
+    except Exception:
+        try:
+            return fa4_module()[1]
+        except Absent:
+            return None
+
+
+def muse_backends(device, op: str, **variant) -> dict:
+    import muse_ops
+    try:
+        return muse_ops.available_backends(device, op=op, **variant)
+    except TypeError:
+        return muse_ops.available_backends(device)
+
+
+def make_workspace(device, r, kvh, q_len, window, max_seq_len, backend):
+    import muse_ops
+    try:
+        return muse_ops.attn2_workspace(device, r, kvh, q_len, window, max_seq_len)
+    except TypeError:
+        return muse_ops.attn2_workspace(device, r, kvh, q_len, window, max_seq_len, backend)
+
+
+def fa_layout(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA4's own contiguous [pages, 16, Hkv, 64] K and V caches, holding kv_cache's data."""
+    k, v = stock_triton.fa_cache_views(kv_cache)
+    return k.contiguous(), v.contiguous()
+
+
+# ----------------------------------------------------------------------------- attn2
+def attn2_contenders(device) -> list[str]:
+    names = ["muse:cutedsl", "muse:reference"]
+    if torch.device(device).type == "cuda":
+        names += ["fa4+normgate", "fa4 (attn only)", "flex(paged)"]
+    return names
+
+
+def build_attn2_contender(name: str, inp: Attn2Inputs, device):
+    c = inp.case
+    if name.startswith("muse:"):
+        import muse_ops
+        backend = name.split(":", 1)[1]
+        ok, why = muse_backends(device, "attn2", kv_heads=c.kv_heads, q_len=c.q_len, window=c.window,
+                                max_seq_len=c.max_seq_len).get(backend, (False, "unknown backend"))
+        if not ok:
+            raise Absent(why)
+        ws = make_workspace(device, c.batch, c.kv_heads, c.q_len, c.window, c.max_seq_len, backend)
+        if backend == "cutedsl":
+            try:
+                muse_ops.prepare(c.kv_heads, c.q_len, c.window, c.max_seq_len, device)
+            except Exception:
+                pass
+
+        def fn(i):
+            return muse_ops.attn2(inp.ys[i], inp.kv_cache, inp.page_tables[i], inp.seq_lens, q_len=c.q_len,
+                                  window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, workspace=ws,
+                                  backend=backend)
+        return fn
+
+    if torch.device(device).type != "cuda":
+        raise Absent("needs CUDA")
+    hq = GROUP * c.kv_heads
+
+    if name.startswith("fa4"):
+        fa, _ = fa4_module()
+        if not stock_triton.HAVE_TRITON and name == "fa4+normgate":
+            raise Absent(f"triton missing for the norm-gate kernel ({stock_triton.TRITON_IMPORT_ERROR})")
+        if "fa_k" not in inp.extra:
+            inp.extra["fa_k"], inp.extra["fa_v"] = fa_layout(inp.kv_cache)
+            inp.extra["fa_pt"] = [t.clamp(min=0) for t in inp.page_tables]
+        k, v, pts = inp.extra["fa_k"], inp.extra["fa_v"], inp.extra["fa_pt"]
+        window = (c.window - 1, 0) if c.window else (None, None)
+        with_epilogue = name == "fa4+normgate"
+
+        def fn(i):
+            y = inp.ys[i]
+            q = y[:, :hq * HEAD_DIM].view(c.batch, c.q_len, hq, HEAD_DIM)
+            o = fa(q, k, v, seqused_k=inp.seq_lens, page_table=pts[i], max_seqlen_q=c.q_len,
+                   max_seqlen_k=c.max_seq_len, softmax_scale=c.scale, causal=True, window_size=window)
+            if isinstance(o, tuple):
+                o = o[0]
+            o = o.reshape(c.batch * c.q_len, hq * HEAD_DIM)
+            return stock_triton.norm_gate(o, y, c.kv_heads) if with_epilogue else o
+        return fn
+
+    if name == "flex(paged)":
+        return _flex_paged(inp, device)
+    raise Absent(f"unknown contender {name}")
+
+
+def _flex_paged(inp: Attn2Inputs, device):
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    except Exception as exc:
+        raise Absent(f"flex_attention not importable ({exc})")
+    c = inp.case
+    hq, kvh, ql, W = GROUP * c.kv_heads, c.kv_heads, c.q_len, c.window
+    pool = inp.kv_cache.shape[0]
+    # The physical K/V in Flex's layout [1, Hkv, pool*16, 64] (torch PagedAttention's cache shape).
+    if "flex_k" not in inp.extra:
+        inp.extra["flex_k"] = inp.kv_cache[..., :HEAD_DIM].permute(1, 0, 2, 3).reshape(1, kvh, pool * PAGE_SIZE, HEAD_DIM).contiguous()
+        inp.extra["flex_v"] = inp.kv_cache[..., HEAD_DIM:].permute(1, 0, 2, 3).reshape(1, kvh, pool * PAGE_SIZE, HEAD_DIM).contiguous()
+    K, V = inp.extra["flex_k"], inp.extra["flex_v"]
+    lens = inp.seq_lens.long()
+    # Per set: physical_to_logical [B, pool] and the page-granular block mask (partial + full).
+    metas = []
+    ar = torch.arange(pool, device=device)
+    for pt in inp.page_tables:
+        B, P = pt.shape
+        lp = torch.arange(P, device=device)[None, :].expand(B, P)
+        used = pt >= 0
+        p2l = torch.full((B, pool), -1, dtype=torch.int32, device=device)
+        p2l.scatter_(1, pt.clamp(min=0).long(), torch.where(used, lp, -1).to(torch.int32))
+        first_pos = lens - ql                                          # the block's first query position
+        last_pos = lens - 1
+        lo = torch.zeros_like(lens) if W == 0 else (first_pos - W + 1).clamp(min=0)
+        page_lo, page_hi = lo // PAGE_SIZE, last_pos // PAGE_SIZE     # pages some row sees
+        seen = used & (lp >= page_lo[:, None]) & (lp <= page_hi[:, None])
+        # full: every key of the page visible to every query row
+        full = seen & (lp * PAGE_SIZE + PAGE_SIZE - 1 <= first_pos[:, None])
+        if W:
+            full &= lp * PAGE_SIZE > (last_pos[:, None] - W)
+        part = seen & ~full
+
+        def pack(sel):
+            # ordered physical page lists padded to the pool width (flex wants >= KV blocks)
+            key = torch.where(sel, lp, P + lp)                          # selected first, in order
+            order = key.argsort(dim=1)
+            phys = torch.gather(pt.clamp(min=0), 1, order)
+            idx = torch.zeros((B, 1, 1, pool), dtype=torch.int32, device=device)
+            idx[:, 0, 0, :P] = phys
+            return sel.sum(1, dtype=torch.int32).view(B, 1, 1), idx
+        kn, ki = pack(part)
+        fn_, fi = pack(full)
+        metas.append((kn, ki, fn_, fi, p2l))
+    del ar
+    scale = c.scale
+    kv_len = pool * PAGE_SIZE
+
+    def step(y, K, V, kn, ki, fn_, fi, p2l, lens):
+        B = lens.shape[0]
+        q = y[:, :hq * HEAD_DIM].view(B, ql, hq, HEAD_DIM).transpose(1, 2)
+
+        def mask(b, h, qi, kv):
+            lpg = p2l[b, kv // PAGE_SIZE]
+            lk = lpg * PAGE_SIZE + kv % PAGE_SIZE
+            pos = lens[b] - ql + qi
+            ok = (lpg >= 0) & (lk <= pos)
+            if W:
+                ok = ok & (lk > pos - W)
+            return ok
+        bm = BlockMask.from_kv_blocks(kn, ki, fn_, fi, BLOCK_SIZE=(128, PAGE_SIZE), mask_mod=mask,
+                                      seq_lengths=(ql, kv_len), compute_q_blocks=False)
+        o = flex_attention(q, K, V, block_mask=bm, scale=scale, enable_gqa=True)   # [B, Hq, ql, 64]
+        o = o.transpose(1, 2).reshape(B * ql, hq, HEAD_DIM).to(torch.bfloat16).float()
+        gate = y[:, (hq + 2 * kvh) * HEAD_DIM:].float().view(B * ql, hq, HEAD_DIM)
+        out = torch.sigmoid(gate) * o * torch.rsqrt(o.square().mean(-1, keepdim=True) + 1e-5)
+        return out.to(torch.bfloat16).view(B * ql, hq * HEAD_DIM)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+
+    def fn(i):
+        return compiled(inp.ys[i], K, V, *metas[i], inp.seq_lens)
+    return fn
+
+
+# ----------------------------------------------------------------------------- qkv_front
+def qkv_contenders(device) -> list[str]:
+    names = ["muse:cutedsl", "muse:reference"]
+    if torch.device(device).type == "cuda":
+        names += ["cublas+triton", "compile(ref)"]
+    return names
+
+
+def build_qkv_contender(name: str, inp: QkvInputs, device):
+    c = inp.case
+    if name.startswith("muse:"):
+        import muse_ops
+        backend = name.split(":", 1)[1]
+        ok, why = muse_backends(device, "qkv_front").get(backend, (False, "unknown backend"))
+        if not ok:
+            raise Absent(why)
+
+        def fn(i):
+            return muse_ops.qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], inp.cos_sin,
+                                      inp.kv_cache, backend=backend)
+        return fn
+    if torch.device(device).type != "cuda":
+        raise Absent("needs CUDA")
+    if name == "cublas+triton":
+        if not stock_triton.HAVE_TRITON:
+            raise Absent(f"triton not importable ({stock_triton.TRITON_IMPORT_ERROR})")
+        kc, vc = fa_layout(inp.kv_cache)
+
+        def fn(i):
+            p = torch.matmul(inp.xs[i], inp.weights[i].t())
+            return stock_triton.qk_norm_rope_insert(p, inp.positions[i], inp.slots[i], inp.cos_sin, kc, vc,
+                                                    c.kv_heads)
+        return fn
+    if name == "compile(ref)":
+        from muse_ops.reference import qkv_front_ref
+        compiled = torch.compile(qkv_front_ref, dynamic=False)
+        cache = inp.kv_cache.clone()
+
+        def fn(i):
+            return compiled(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], inp.cos_sin, cache)
+        return fn
+    raise Absent(f"unknown contender {name}")

@@ -1,0 +1,335 @@
+"""python -m muse_ops bench [--device cuda|cpu] [--quick] [--json PATH] [--markdown PATH] [--cases ...]
+
+The side-by-side table of DESIGN.md section 8: each case timed by CUDA-graph replay over rotating
+input sets (cold L2, see bench/timing.py and bench/cases.py), for every muse_ops backend and the
+peers (bench/contenders.py), with the floors measured in the same run.
+
+The full GPU run (one command on the H200; JSON and the markdown section come back under $OUT):
+
+    . .device/prelude.sh && python3 -m muse_ops bench --json $OUT/bench.json --markdown $OUT/bench.md
+
+then, on the development machine, append the section to bench/RESULTS.md:
+
+    python -m bench.run --render <files_at>/bench.json --append bench/RESULTS.md
+
+--cases picks cases by name fragment (e.g. --cases "B=1 " attn2 "M=8"); "attn2" / "qkv_front"
+select a whole op. --quick: a few cases. On CPU (--device cpu) tiny cases run on the reference
+with wall-clock timing, only to exercise this code (CI).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import traceback
+
+import torch
+
+from . import cases as C
+from . import contenders as K
+from . import timing as T
+
+PEERS_ATTN2 = ("fa4+normgate", "flex(paged)")
+PEERS_QKV = ("cublas+triton", "compile(ref)")
+CHECK_MAX_TOKENS = 1 << 21     # compare against the reference up to this many cached tokens
+
+
+def environment(device) -> dict:
+    env = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "python": platform.python_version(),
+           "device": str(device)}
+    try:
+        import subprocess as sp
+        env["commit"] = sp.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                               timeout=5).stdout.strip() or None
+    except Exception:
+        env["commit"] = None
+    if torch.device(device).type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(gpu=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda,
+                   l2_mib=round(T.l2_bytes(device) / 2**20, 1))
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except Exception:
+            env["driver"] = None
+    else:
+        env.update(gpu=None, driver=None, cpu=platform.processor() or platform.machine())
+    try:
+        import cutlass
+        env["cutedsl"] = getattr(cutlass, "__version__", None)
+        if env["cutedsl"] is None:
+            from importlib.metadata import version
+            env["cutedsl"] = version("nvidia-cutlass-dsl")
+    except Exception as exc:
+        env["cutedsl"] = f"absent ({type(exc).__name__})"
+    env["fa4"] = K.fa4_version() or "absent"
+    from . import stock_triton
+    env["triton"] = stock_triton.TRITON_VERSION or "absent"
+    return env
+
+
+def _select(names, wanted):
+    if not wanted:
+        return names
+    return [n for n in names if any(w in n for w in wanted)]
+
+
+def _err(out, ref):
+    d = (out.double() - ref.double()).abs()
+    return {"max_abs": float(d.max()), "mean_abs": float(d.mean()),
+            "ok": bool((d <= 2e-2 + 1e-2 * ref.double().abs()).all()) and float(d.mean()) <= 2e-3}
+
+
+def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log) -> dict:
+    row = {"case": case.name, "bytes": case.bytes(), "sets": inp.sets, "note": inp.note, "results": {},
+           "eager_us": {}, "check": {}}
+    if kind == "attn2":
+        row["flops"] = case.flops()
+    ref = None
+    for name in names:
+        try:
+            fn = (K.build_attn2_contender if kind == "attn2" else K.build_qkv_contender)(name, inp, device)
+            if check and ref_fn is not None:
+                if ref is None:
+                    ref = ref_fn()
+                out = fn(0)
+                if kind == "attn2" and name == "fa4 (attn only)":
+                    pass
+                else:
+                    row["check"][name] = _err(out, ref)
+            if cpu:
+                row["results"][name] = {"us": T.cpu_time_us(fn, inp.sets)}
+            else:
+                row["results"][name] = T.graph_time_us(fn, inp.sets)
+                if name.startswith("muse:"):
+                    row["eager_us"][name] = T.eager_time_us(fn, inp.sets)
+            log(f"  {case.name:28s} {name:18s} {row['results'][name]['us']:10.2f} us")
+        except K.Absent as exc:
+            row["results"][name] = {"absent": str(exc)}
+            log(f"  {case.name:28s} {name:18s} absent: {exc}")
+        except Exception as exc:  # a peer that fails is reported, the run goes on
+            row["results"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            log(f"  {case.name:28s} {name:18s} ERROR {type(exc).__name__}: {str(exc)[:300]}")
+            if os.environ.get("MUSE_BENCH_TRACE"):
+                traceback.print_exc()
+        finally:
+            if not cpu:
+                torch.cuda.synchronize()
+    return row
+
+
+def summarize(row, floors, peers) -> None:
+    res = row["results"]
+    ours = next((n for n in ("muse:cutedsl", "muse:reference") if "us" in res.get(n, {})), None)
+    row["ours"] = ours
+    if floors:
+        bw = row["bytes"] / (floors["hbm_tbps"] * 1e12) * 1e6
+        row["floor_bw_us"] = bw
+        row["floor_us"] = max(bw, floors["node_us"])
+    if ours:
+        o = res[ours]["us"]
+        if floors:
+            row["ours_over_floor"] = o / row["floor_us"]
+        peer_times = [(res[p]["us"], p) for p in peers if "us" in res.get(p, {})]
+        if peer_times:
+            best, who = min(peer_times)
+            row["best_peer"], row["best_peer_over_ours"] = who, best / o
+
+
+def format_table(rows, names, title) -> str:
+    def cell(r, n):
+        v = r["results"].get(n, {})
+        if "us" in v:
+            return f"{v['us']:.1f}"
+        return "absent" if "absent" in v else ("error" if "error" in v else "-")
+    head = ["case"] + names + ["floor us", "ours/floor", "best peer/ours", "eager ours us"]
+    lines = [f"{title}", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        eager = r["eager_us"].get(r.get("ours") or "", None)
+        lines.append("| " + " | ".join([r["case"]] + [cell(r, n) for n in names] + [
+            f"{r['floor_us']:.1f}" if "floor_us" in r else "-",
+            f"{r['ours_over_floor']:.2f}" if "ours_over_floor" in r else "-",
+            f"{r['best_peer_over_ours']:.2f} ({r['best_peer']})" if "best_peer_over_ours" in r else "-",
+            f"{eager:.1f}" if eager is not None else "-"]) + " |")
+    return "\n".join(lines)
+
+
+def notes(result) -> list[str]:
+    out = [
+        "Times: median us per call over >= 20 CUDA-graph replays, each replay running the op once per "
+        "rotating input set (distinct KV pages / weight copies, together >= 4x L2) so the data comes from HBM; "
+        "the 'sets' note of each row says how many (one pool larger than L2 where several copies do not fit).",
+        "floor us = max(bytes / measured HBM copy bandwidth, one CUDA-graph node); attn2 bytes = KV rows each "
+        "request needs (window-limited) x Hkv x 256 B + y's q and gate columns + out + page-table entries; "
+        "qkv_front bytes = weight + x + y + inserted cache rows.",
+        "ours = muse:cutedsl where it runs, else muse:reference. best peer/ours > 1: ours is faster. "
+        "eager ours us: per-call time of back-to-back eager calls (host path included).",
+        "fa4: flash_attn.cute.flash_attn_varlen_func, paged (page 16, own [pages,16,Hkv,64] K/V caches), causal, "
+        "GQA packed, window (W-1, 0); on sm_90 FA4 has no split-KV (num_splits=1; its interface asserts on more), "
+        "so one CTA walks a request's whole KV. fa4+normgate adds the Triton rms-norm x sigmoid(gate) kernel "
+        "(bench/stock_triton.py); fa4 (attn only) is the attention alone.",
+        "flex(paged): flex_attention under torch.compile (decode kernel, split KV), paged like torch's "
+        "PagedAttention helper (physical [1,Hkv,pages*16,64] K/V, page-sized KV blocks, physical-to-logical "
+        "mask_mod), norm x sigmoid(gate) fused by inductor; its block mask is built per step outside the timing.",
+        "cublas+triton: torch.matmul then the Triton q/k-norm + RoPE + cache-insert kernel (in place). "
+        "qkv_front cases run a sliding layer's front (RoPE on).",
+    ]
+    if result.get("device_type") == "cpu":
+        out.insert(0, "CPU run: tiny cases on the reference, wall-clock; exercises the code only.")
+    return out
+
+
+def render_markdown(result: dict) -> str:
+    env = result["env"]
+    fl = result.get("floors") or {}
+    lines = [f"## {env.get('date')} — {env.get('gpu') or env.get('device')}", "",
+             f"GPU {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, "
+             f"CuTe DSL {env.get('cutedsl')}, FA4 {env.get('fa4')}, Triton {env.get('triton')}, "
+             f"commit {env.get('commit')}.", ""]
+    if fl:
+        lines += [f"Measured: HBM copy {fl['hbm_tbps']:.2f} TB/s; one CUDA-graph node {fl['node_us']:.2f} us.", ""]
+    for op, names in (("attn2", result.get("attn2_names")), ("qkv_front", result.get("qkv_names"))):
+        if result.get(op):
+            lines += [format_table(result[op], names, f"### {op} (us)"), ""]
+            bad = [(r["case"], n) for r in result[op] for n, c in r.get("check", {}).items() if not c["ok"]]
+            if bad:
+                lines += [f"Outside DESIGN.md section 7 tolerance vs the reference: {bad}", ""]
+            errs = [(r["case"], n, v.get("absent") or v.get("error")) for r in result[op]
+                    for n, v in r["results"].items() if "us" not in v]
+            seen = set()
+            for case, n, why in errs:
+                if (n, why) not in seen:
+                    seen.add((n, why))
+                    lines.append(f"- {n}: {why} (first at {case})")
+            if errs:
+                lines.append("")
+            lines += [f"- {r['case']}: {r['note']}" for r in result[op]] + [""]
+    lines += ["Notes:", ""] + [f"- {n}" for n in notes(result)] + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m muse_ops bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--quick", action="store_true", help="a few cases")
+    ap.add_argument("--json", default=None, help="write the results as JSON here")
+    ap.add_argument("--markdown", default=None, help="write the dated RESULTS.md section here")
+    ap.add_argument("--cases", nargs="*", default=None, help="case-name fragments, or attn2 / qkv_front")
+    ap.add_argument("--contenders", nargs="*", default=None, help="contender-name fragments")
+    ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
+    ap.add_argument("--render", default=None, help="render a JSON result as markdown (no run)")
+    ap.add_argument("--append", default=None, help="with --render: append the section to this file")
+    a = ap.parse_args(argv)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+
+    if a.render:
+        with open(a.render) as f:
+            md = render_markdown(json.load(f))
+        if a.append:
+            with open(a.append, "a") as f:
+                f.write("\n" + md)
+        else:
+            print(md)
+        return 0
+
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cpu = device.type == "cpu"
+    if not cpu and not torch.cuda.is_available():
+        print("muse_ops bench: CUDA requested but not available", file=sys.stderr)
+        return 2
+    import muse_ops  # noqa: F401  registers the ops
+
+    ops = {"attn2", "qkv_front"}
+    wanted = a.cases
+    if wanted:
+        ops_named = ops.intersection(wanted)
+        frag = [w for w in wanted if w not in ops]
+        if ops_named and not frag:
+            ops, wanted = ops_named, None
+        elif ops_named:
+            ops = ops_named
+            wanted = frag
+    if cpu:
+        attn_specs, qkv_specs = C.QUICK_CPU_ATTN2, C.QUICK_CPU_QKV
+    elif a.quick:
+        attn_specs, qkv_specs = C.QUICK_GPU_ATTN2, C.QUICK_GPU_QKV
+    else:
+        attn_specs, qkv_specs = C.ATTN2_CASES, C.QKV_CASES
+    attn_cases = [C.attn2_case(s) for s in attn_specs] if "attn2" in ops else []
+    qkv_cases = [C.QkvCase(m) for m in qkv_specs] if "qkv_front" in ops else []
+    if wanted:
+        attn_cases = [c for c in attn_cases if any(w in c.name for w in wanted)]
+        qkv_cases = [c for c in qkv_cases if any(w in c.name for w in wanted)]
+
+    env = environment(device)
+    log(f"muse_ops bench on {env.get('gpu') or device}: torch {env['torch']}, CuTe DSL {env['cutedsl']}, "
+        f"FA4 {env['fa4']}, Triton {env['triton']}")
+    floors = None
+    l2 = T.l2_bytes(device) if not cpu else 1
+    if not cpu:
+        floors = {"hbm_tbps": T.measure_hbm_tbps(device), "node_us": T.measure_graph_node_us(device)}
+        log(f"floors: HBM copy {floors['hbm_tbps']:.2f} TB/s, one graph node {floors['node_us']:.2f} us, "
+            f"L2 {l2 / 2**20:.0f} MiB")
+    check = not a.no_check
+    attn_names = K.attn2_contenders(device)
+    qkv_names = K.qkv_contenders(device)
+    if a.contenders:
+        attn_names = [n for n in attn_names if any(w in n for w in a.contenders)]
+        qkv_names = [n for n in qkv_names if any(w in n for w in a.contenders)]
+    result = {"env": env, "floors": floors, "device_type": device.type, "attn2_names": attn_names,
+              "qkv_names": qkv_names, "attn2": [], "qkv_front": []}
+
+    from muse_ops.reference import attn2_ref, qkv_front_ref
+    for case in attn_cases:
+        inp = C.build_attn2(case, device, l2, sets=2 if cpu else None)
+        ref_fn = None
+        if sum(case.lens) <= CHECK_MAX_TOKENS:
+            ref_fn = lambda inp=inp, case=case: attn2_ref(  # noqa: E731
+                inp.ys[0], inp.kv_cache, inp.page_tables[0], inp.seq_lens, q_len=case.q_len, window=case.window,
+                scale=case.scale)
+        row = run_case("attn2", case, inp, attn_names, device, cpu, check, ref_fn, log)
+        summarize(row, floors, PEERS_ATTN2)
+        result["attn2"].append(row)
+        del inp
+        if not cpu:
+            torch.cuda.empty_cache()
+    for case in qkv_cases:
+        inp = C.build_qkv(case, device, l2, sets=2 if cpu else None)
+        ref_fn = lambda inp=inp: qkv_front_ref(inp.xs[0], inp.weights[0], inp.positions[0], inp.slots[0],  # noqa: E731
+                                               inp.cos_sin, inp.kv_cache.clone())
+        row = run_case("qkv_front", case, inp, qkv_names, device, cpu, check, ref_fn, log)
+        summarize(row, floors, PEERS_QKV)
+        result["qkv_front"].append(row)
+        del inp
+        if not cpu:
+            torch.cuda.empty_cache()
+
+    print()
+    if result["attn2"]:
+        print(format_table(result["attn2"], attn_names, "attn2 (us)"))
+        print()
+    if result["qkv_front"]:
+        print(format_table(result["qkv_front"], qkv_names, "qkv_front (us)"))
+        print()
+    for op in ("attn2", "qkv_front"):
+        for r in result[op]:
+            for n, c in r["check"].items():
+                if not c["ok"]:
+                    print(f"CHECK FAILED {op} {r['case']} {n}: {c}")
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if a.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(a.markdown)), exist_ok=True)
+        with open(a.markdown, "w") as f:
+            f.write(render_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,15 @@
+"""pytest bench --benchmark-only -k attn2: attn2 and its peers per DESIGN.md section 8 case."""
+import pytest
+
+from . import cases as C
+from . import contenders as K
+from ._pb import run
+
+CASES = [C.attn2_case(s) for s in C.ATTN2_CASES]
+NAMES = K.attn2_contenders("cuda")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_attn2(benchmark, case, name):
+    run(benchmark, "attn2", case, C.build_attn2, name)

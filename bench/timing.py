@@ -1,0 +1,102 @@
+"""How the bench times things, and the floors.
+
+GPU: a callable fn(i) runs the op on input set i; one CUDA graph holds fn(0), fn(1), ...,
+fn(n-1) over n rotating input sets (each set's KV pages / weights distinct, together several
+times L2, so every call reads from HBM), and the per-call time is (graph replay time) / n, the
+median over >= 20 replays timed with CUDA events. Launch cost is amortised into graph nodes, as
+a serving engine runs a decode step.
+CPU: wall clock, median of a few calls (only to exercise the code in CI).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+REPLAYS = 25
+WARMUP = 3
+
+
+def cpu_time_us(fn, n_sets: int, reps: int = 3) -> float:
+    fn(0)
+    ts = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        fn(r % n_sets)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+
+
+def graph_time_us(fn, n_sets: int, replays: int = REPLAYS) -> dict:
+    """Per-call us of fn over n_sets rotating sets by CUDA-graph replay (median, p20, p80)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(min(n_sets, 2)):  # warm up outside capture: compiles, allocator, autotune
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n_sets):
+            fn(i)
+    for _ in range(WARMUP):
+        graph.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / n_sets)
+    del graph
+    q = statistics.quantiles(ts, n=10)
+    return {"us": statistics.median(ts), "p20": q[1], "p80": q[7], "replays": replays, "sets": n_sets}
+
+
+def eager_time_us(fn, n_sets: int, calls: int = 50) -> float:
+    """Per-call time of back-to-back eager calls (host path included: when the host is slower
+    than the kernel, this is the host's time per call)."""
+    for i in range(min(n_sets, 2)):
+        fn(i)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for c in range(calls):
+        fn(c % n_sets)
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / calls
+
+
+def measure_hbm_tbps(device, nbytes: int = 2 << 30) -> float:
+    """Copy bandwidth (bytes read + written) of one large device copy, median of 10."""
+    n = nbytes // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=device).uniform_()
+    dst = torch.empty_like(src)
+    ts = []
+    for _ in range(12):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    return 2 * nbytes / statistics.median(ts[2:]) / 1e12
+
+
+def measure_graph_node_us(device, nodes: int = 200) -> float:
+    """One CUDA-graph node running a tiny kernel (a 1-element add)."""
+    x = torch.zeros(1, device=device)
+    return graph_time_us(lambda i: x.add_(1), nodes)["us"]
+
+
+def l2_bytes(device) -> int:
+    try:
+        return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    except Exception:
+        return 60 << 20
