@@ -17,7 +17,13 @@ tile: 16-byte vector loads and stores, one launch for any M.
 """
 from __future__ import annotations
 
+import os
+
 import torch
+
+if not torch.cuda.is_available():
+    # Without a GPU Triton can only interpret; the kernels read this when they are decorated.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
     import triton
