@@ -1,0 +1,675 @@
+"""muse::attn2 on Hopper (sm_90a): paged verify/decode attention fused with the per-head output
+RMS norm and the sigmoid gate, one CuTe DSL kernel launch.
+
+Math (DESIGN.md section 4, numerics of muse_ops/reference/attn2.py), per request r, KV head g,
+query token t (position pos = L - q_len + t) and query head j (= g * 8 + j overall):
+    o   = softmax(scale * q k^T) v over keys [max(0, pos - W + 1), pos] (W > 0) or [0, pos]
+    out = bf16(sigmoid(gate) * rmsnorm(bf16(o)))     rmsnorm = o * rsqrt(mean(o^2) + 1e-5), fp32
+
+Tensors (all contiguous, 16-byte aligned):
+    y          bf16  [q_len * R, 1152 * Hkv]   q at columns 0:Hq*64, gate at (Hq + 2 Hkv)*64 : N
+    kv_cache   bf16  [num_pages, Hkv, 16, 128] K in columns 0:64, V in 64:128
+    page_table int32 [R, max_pages]            logical page -> physical page
+    seq_lens   int32 [R]                       L (includes the q_len new tokens)
+    out        bf16  [q_len * R, Hq * 64]
+    workspace  uint8 [workspace_bytes(...)]    fp32 partials, then fp32 (m, l), then uint32 counters
+    error_flag int32 [1]                       |= 1: L outside [q_len, max_seq_len]; |= 2: bad page
+
+Design (departs from seed 000: plain split-KV over CTAs + a global last-arriver merge, no
+clusters/DSMEM; simpler, and the merge is small because splits are capped):
+- Grid (S_MAX, Hkv, R), 128 threads. CTA (s, g, r) owns every query row of request r and KV head
+  g (q_len * 8 rows: token-major, row m = t * 8 + j) and split s of the request's visible pages.
+- Split rule (per request, from its OWN L and the compile-time deployment only): the visible
+  pages [first_page, last_page] are cut into steps of SP pages; n_splits = min(S_MAX,
+  ceil(steps / MIN_STEPS)); steps per split = ceil(steps / n_splits); n_splits re-derived so no
+  split is empty. CTAs with s >= n_splits exit at once. Hence the output bits of a request do
+  not depend on the batch (batch invariance) nor on timing (fixed merge order).
+- q_len 8 (64 rows): warp w owns m-tile w (tokens 2w, 2w+1 x 8 heads); a step is 2 pages (32
+  keys) shared by the 4 warps. q_len 1 (8 rows, padded to one m16 tile): the 4 warps split the
+  keys of a step of 8 pages (32 keys each) and merge in smem in warp order.
+- KV streamed through an NST-stage cp.async.cg ring (16-byte chunks, one barrier per step),
+  stage rows padded from 256 B to 272 B so the ldmatrix reads are bank-conflict free (an XOR
+  swizzle through a composed layout gave wrong results with the DSL's copy partitions on the
+  H200 -- the V fragments read zeros -- so padding it is). S = Q K^T and O += P V on mma.sync m16n8k16 BF16 -> FP32; K via
+  ldmatrix, V via ldmatrix.trans; P rounded to BF16 with packed cvt.rn.bf16x2, the C fragment
+  reused as the A fragment in registers; online softmax in base 2 with ex2.approx.ftz
+  (scale * log2 e folded); running max starts at -1e30 (finite) so fully masked tiles need no
+  branch. Masking (causal, window, tail, invalid pages) only on edge steps.
+- Rows >= L of the tail page, pages past the last one and invalid pages are zero-filled in smem
+  (0 * NaN would be NaN) and their logits masked.
+- n_splits == 1: the CTA applies norm + gate and writes out. Otherwise it writes (O, m, l) of
+  its rows to the workspace, fence.acq_rel.gpu + barrier + one atom.acq_rel.add ticket per
+  (request, KV head); the last arriver resets the counter to 0, merges the partials in split
+  order 0..n-1 (max, then sums, fp32), and applies norm + gate. Counters are self-resetting,
+  so the caller zeroes the workspace once.
+- Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
+  butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+HEAD_DIM = 64
+GROUP = 8
+PAGE = 16
+ROW = 2 * HEAD_DIM
+RMS_EPS = 1e-5
+LOG2E = 1.4426950408889634
+THREADS = 128
+WARPS = 4
+NEG_BIG = -1.0e30
+
+_IMPORT_ERROR: str | None = None
+try:
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float32, Int32, Uint32, const_expr
+    from cutlass.cute.nvgpu import cpasync, warp
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+    from cutlass.memory import SmemAllocator
+    from cuda.bindings import driver as cuda
+except Exception as exc:  # noqa: BLE001  (CPU-only / no cutlass: can_implement says why)
+    _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------------ config
+@dataclass(frozen=True)
+class Attn2Config:
+    """Compile-time parameters of one variant (everything else is run time)."""
+    q_len: int
+    window: int
+    max_seq_len: int
+    s_max: int        # most splits of one request (grid x)
+    min_steps: int    # fewest ring steps per split
+    stages: int       # cp.async ring depth
+    pt_max: int = 0   # page-table entries of one split kept in smem
+
+    @property
+    def mr(self):      # real query rows per (request, KV head)
+        return self.q_len * GROUP
+
+    @property
+    def mt(self):      # m16 tiles
+        return max(1, self.mr // 16)
+
+    @property
+    def wk(self):      # warps that split the keys of a step
+        return WARPS // self.mt
+
+    @property
+    def sp(self):      # pages per step
+        return 2 * self.wk
+
+    @staticmethod
+    def create(q_len: int, window: int, max_seq_len: int, s_max: int | None = None,
+               min_steps: int | None = None, stages: int | None = None) -> "Attn2Config":
+        if q_len == 8:
+            d_smax, d_min, d_st = 16, 4, 4
+        else:
+            d_smax, d_min, d_st = 32, 2, 3
+        sp = 2 * (WARPS // max(1, q_len * GROUP // 16))
+        if window > 0:
+            vis_pages = (window + q_len - 2) // PAGE + 2
+        else:
+            vis_pages = (max_seq_len + PAGE - 1) // PAGE
+        steps = (vis_pages + sp - 1) // sp
+        s_max = d_smax if s_max is None else s_max
+        min_steps = d_min if min_steps is None else min_steps
+        s_max = max(1, min(s_max, (steps + min_steps - 1) // min_steps))
+        sps_max = max(min_steps, (steps + s_max - 1) // s_max) + 1
+        return Attn2Config(q_len, window, max_seq_len, s_max, min_steps,
+                           d_st if stages is None else stages, sps_max * sp)
+
+
+def _split_plan(cfg: Attn2Config, L: int) -> tuple[int, int, int]:
+    """(first_page, n_splits, steps_per_split) of a request of length L (host mirror of the kernel)."""
+    key_lo = max(0, L - cfg.q_len - cfg.window + 1) if cfg.window > 0 else 0
+    first, last = key_lo // PAGE, (L - 1) // PAGE
+    steps = (last - first + 1 + cfg.sp - 1) // cfg.sp
+    n = min(cfg.s_max, (steps + cfg.min_steps - 1) // cfg.min_steps)
+    sps = (steps + n - 1) // n
+    n = (steps + sps - 1) // sps
+    return first, n, sps
+
+
+# ------------------------------------------------------------------------------------ kernel
+if _IMPORT_ERROR is None:
+
+    @cute.jit
+    def _pack_bf16x2(lo: Float32, hi: Float32) -> Uint32:
+        # cvt.rn.bf16x2.f32 d, a, b puts bf16(a) in the HIGH half
+        return cute.arch.inline_ptx("cvt.rn.bf16x2.f32 {$w0}, {$r0}, {$r1};",
+                                    write_only_types=[Uint32], read_only_args=[hi, lo])
+
+    @cute.jit
+    def _quad_max(v: Float32) -> Float32:
+        v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1))
+        return cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=2))
+
+    @cute.jit
+    def _quad_sum(v: Float32) -> Float32:
+        v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
+        return v + cute.arch.shuffle_sync_bfly(v, offset=2)
+
+    @cute.jit
+    def _issue_step(g2s: cute.TiledCopy, thr_g2s, mCache: cute.Tensor, sPT: cute.Tensor,
+                    sRing: cute.Tensor, sInv: cute.Tensor, g: Int32, kloc: Int32, page0: Int32,
+                    L: Int32, st: Int32, tidx: Int32, SP: cutlass.Constexpr[int], PTMAX: cutlass.Constexpr[int]):
+        """cp.async the SP pages page0.. (local step kloc) into stage st. Physical pages come from
+        the smem copy of the page table (-1: past the last page or out of range). Rows >= L and
+        -1 pages are zero-filled (0 * NaN = NaN otherwise) and -1 pages flagged in sInv."""
+        for p in cutlass.range_constexpr(SP):
+            lp = page0 + p
+            phys = sPT[cutlass.min(kloc * SP + p, Int32(PTMAX - 1))]
+            sPage = cute.local_tile(sRing[None, None, st], (PAGE, ROW), (p, 0))
+            tD = thr_g2s.partition_D(sPage)
+            tC = thr_g2s.partition_D(cute.make_identity_tensor((PAGE, ROW)))
+            if phys >= 0:
+                tS = thr_g2s.partition_S(mCache[phys, g, None, None])
+                for m in cutlass.range_constexpr(cute.size(tS, mode=[1])):
+                    if lp * PAGE + tC[0, m, 0][0] < L:
+                        cute.copy(g2s, tS[None, m, None], tD[None, m, None])
+                    else:
+                        tD[None, m, None].fill(0.0)
+            else:
+                for m in cutlass.range_constexpr(cute.size(tD, mode=[1])):
+                    tD[None, m, None].fill(0.0)
+            if tidx == 0:
+                sInv[st * SP + p] = Int32(phys < 0)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _epilogue(o: cute.Tensor, gt: cute.Tensor, mOut: cute.Tensor, row_g: Int32,
+                  qcol: Int32, CPT: cutlass.Constexpr[int], TPR: cutlass.Constexpr[int]):
+        """o: CPT fp32 values of one row (columns qcol..qcol+CPT of the head); writes
+        bf16(sigmoid(gate) * rmsnorm(bf16(o))). The TPR lanes of a row reduce by butterfly."""
+        ob = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
+        ob.store(o.load().to(BFloat16))
+        of = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
+        of.store(ob.load().to(Float32))
+        ss = of[0] * of[0]
+        for c in cutlass.range_constexpr(1, CPT):
+            ss = ss + of[c] * of[c]
+        for b in cutlass.range_constexpr(int(math.log2(TPR))):   # fixed butterfly over the row's lanes
+            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << b)
+        rs = cute.math.rsqrt(ss * (1.0 / HEAD_DIM) + RMS_EPS, fastmath=True)
+        gf = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
+        gf.store(gt.load().to(Float32))
+        res = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
+        for c in cutlass.range_constexpr(CPT):
+            sig = cute.arch.rcp_approx(1.0 + cute.math.exp2(gf[c] * (-LOG2E), fastmath=True))
+            res[c] = of[c] * rs * sig
+        rb = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
+        rb.store(res.load().to(BFloat16))
+        cute.autovec_copy(rb, cute.local_tile(mOut, (1, CPT), (row_g, qcol // CPT))[0, None])
+
+    class Attn2Sm90:
+        """One variant of the attn2 kernel (see the module docstring)."""
+
+        def __init__(self, cfg: Attn2Config):
+            self.cfg = cfg
+            self.q_len = cfg.q_len
+            self.window = cfg.window
+            self.MR = cfg.mr
+            self.MT = cfg.mt
+            self.WK = cfg.wk
+            self.SP = cfg.sp
+            self.M16 = cfg.mt * 16
+            self.NST = cfg.stages
+            self.S_MAX = cfg.s_max
+            self.MIN_STEPS = cfg.min_steps
+            self.TPR = THREADS // self.MR     # threads per row in the merge/epilogue
+            self.CPT = HEAD_DIM // self.TPR   # columns per thread
+            self.PTMAX = cfg.pt_max
+            self.MERGE_GRP = max(2, 64 // self.CPT)   # splits whose partial rows load together
+
+        @cute.jit
+        def __call__(self, mY: cute.Tensor,       # bf16 [q_len*R, N]
+                     mCache: cute.Tensor,         # bf16 [pages, Hkv, 16, 128]
+                     mPT: cute.Tensor,            # int32 [R, max_pages]
+                     mSeq: cute.Tensor,           # int32 [R]
+                     mOut: cute.Tensor,           # bf16 [q_len*R, Hq*64]
+                     mWs: cute.Tensor,            # uint8 [bytes]
+                     mErr: cute.Tensor,           # int32 [1]
+                     scale: Float32, max_seq_len: Int32,
+                     stream: cuda.CUstream):
+            R = mSeq.shape[0]
+            hkv = mCache.shape[1]
+            self.kernel(mY, mCache, mPT, mSeq, mOut, mWs, mErr, scale * LOG2E, max_seq_len).launch(
+                grid=(self.S_MAX, hkv, R), block=(THREADS, 1, 1), stream=stream,
+                min_blocks_per_mp=4 if self.q_len == 8 else 2)   # q_len 8: 128 regs -> 4 CTAs/SM
+
+        @cute.kernel
+        def kernel(self, mY: cute.Tensor, mCache: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
+                   mOut: cute.Tensor, mWs: cute.Tensor, mErr: cute.Tensor,
+                   scale_log2: Float32, max_seq_len: Int32):
+            QL = self.q_len
+            W = self.window
+            MR, MT, WK, SP, M16, NST = self.MR, self.MT, self.WK, self.SP, self.M16, self.NST
+            TPR, CPT = self.TPR, self.CPT
+            tidx, _, _ = cute.arch.thread_idx()
+            s, g, r = cute.arch.block_idx()
+            w = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            lane = cute.arch.lane_idx()
+            mt = w % MT
+            kg = w // MT
+            R = mSeq.shape[0]
+            hkv = mCache.shape[1]
+
+            # ---- shared memory
+            smem = SmemAllocator()
+            # rows padded to RS = 136 elements (272 B): 8 consecutive rows at one 16 B column fall in
+            # 8 different bank groups (conflict-free ldmatrix) and cp.async chunks stay 16 B aligned
+            RS = ROW + 8
+            STG = SP * PAGE * RS
+            sRaw = smem.allocate_tensor(BFloat16, cute.make_layout(NST * STG), byte_alignment=1024)
+            sRing = cute.make_tensor(sRaw.iterator, cute.make_layout((SP * PAGE, ROW, NST), stride=(RS, 1, STG)))
+            sRingK = cute.make_tensor(sRaw.iterator, cute.make_layout((SP * PAGE, HEAD_DIM, NST), stride=(RS, 1, STG)))
+            sRingVt = cute.make_tensor(sRaw.iterator + HEAD_DIM,
+                                       cute.make_layout((HEAD_DIM, SP * PAGE, NST), stride=(1, RS, STG)))
+            QS = HEAD_DIM + 8
+            sQraw = smem.allocate_tensor(BFloat16, cute.make_layout(M16 * QS), byte_alignment=1024)
+            sQ = cute.make_tensor(sQraw.iterator, cute.make_layout((M16, HEAD_DIM), stride=(QS, 1)))
+            sMw = smem.allocate_tensor(Float32, cute.make_layout((M16, WK), stride=(1, M16)), byte_alignment=16)
+            sLw = smem.allocate_tensor(Float32, cute.make_layout((M16, WK), stride=(1, M16)), byte_alignment=16)
+            sInv = smem.allocate_tensor(Int32, cute.make_layout(NST * SP), byte_alignment=16)
+            PTMAX = self.PTMAX
+            sPT = smem.allocate_tensor(Int32, cute.make_layout(PTMAX), byte_alignment=16)
+            sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+
+            L = mSeq[r]
+            bad_len = Int32(L < QL) + Int32(L > max_seq_len)
+            if bad_len != 0:
+                # ---- invalid length: zero rows, flag bit 1 (split 0 only)
+                if s == 0:
+                    row = tidx // TPR
+                    c0 = (tidx % TPR) * CPT
+                    z = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
+                    z.fill(0.0)
+                    qcol = (g * GROUP + row % GROUP) * HEAD_DIM + c0
+                    cute.autovec_copy(z, cute.local_tile(mOut, (1, CPT), (r * QL + row // GROUP, qcol // CPT))[0, None])
+                    if tidx == 0:
+                        cute.arch.atomic_or(mErr.iterator, Int32(1), sem="relaxed", scope="gpu")
+            else:
+                # ---- split plan: depends on L and compile-time constants only
+                key_lo = Int32(0)
+                if const_expr(W > 0):
+                    key_lo = cutlass.max(L - QL - W + 1, Int32(0))
+                first_page = key_lo // PAGE
+                last_page = (L - 1) // PAGE
+                n_steps = (last_page - first_page + SP) // SP
+                n_split = cutlass.min(Int32(self.S_MAX), (n_steps + self.MIN_STEPS - 1) // self.MIN_STEPS)
+                sps = (n_steps + n_split - 1) // n_split
+                n_split = (n_steps + sps - 1) // sps
+                if s < n_split:
+                    k_begin = s * sps
+                    my_steps = cutlass.min(sps, n_steps - k_begin)
+                    page_base = first_page + k_begin * SP
+
+                    # ---- copies
+                    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                               BFloat16, num_bits_per_copy=128)
+                    g2s = cute.make_tiled_copy_tv(atom, cute.make_layout((8, ROW // 8), stride=(ROW // 8, 1)),
+                                                  cute.make_layout((1, 8)))
+                    thr_g2s = g2s.get_slice(tidx)
+
+                    # ---- Q -> smem (row m = token*8 + head), zero padding rows
+                    for it in cutlass.range_constexpr((M16 * 8 + THREADS - 1) // THREADS):
+                        ci = tidx + it * THREADS
+                        if ci < M16 * 8:
+                            qm = ci // 8
+                            qc = ci % 8
+                            dq = cute.local_tile(sQ, (1, 8), (qm, qc))
+                            qv = cute.make_rmem_tensor(cute.make_layout((1, 8)), BFloat16)
+                            qv.fill(0.0)
+                            if qm < MR:
+                                src = cute.local_tile(mY, (1, 8), (r * QL + qm // GROUP,
+                                                                   (g * GROUP + qm % GROUP) * 8 + qc))
+                                cute.autovec_copy(src, qv)
+                            cute.autovec_copy(qv, dq)
+
+                    # ---- this split's page-table entries -> smem (one latency, not one per step)
+                    num_pages = mCache.shape[0]
+                    width = mPT.shape[1]
+                    n_pt = cutlass.min(my_steps * SP, Int32(PTMAX))
+                    for it in cutlass.range((n_pt + THREADS - 1) // THREADS, unroll=1):
+                        i_pt = it * THREADS + tidx
+                        if i_pt < n_pt:
+                            lp = page_base + i_pt
+                            v = Int32(-1)
+                            if lp <= last_page:
+                                phys = mPT[r, cutlass.min(lp, width - 1)]
+                                ok = Int32(lp < width) * Int32(phys >= 0) * Int32(phys < num_pages)
+                                if ok != 0:
+                                    v = phys
+                                else:
+                                    cute.arch.atomic_or(mErr.iterator, Int32(2), sem="relaxed", scope="gpu")
+                            sPT[i_pt] = v
+
+                    cute.arch.sync_threads()      # sQ and sPT visible
+                    # ---- ring prologue: steps 0 .. NST-2
+                    for k0 in cutlass.range_constexpr(NST - 1):
+                        if k0 < my_steps:
+                            _issue_step(g2s, thr_g2s, mCache, sPT, sRing, sInv, g, Int32(k0),
+                                        page_base + k0 * SP, L, Int32(k0), tidx, SP, PTMAX)
+                        else:
+                            cute.arch.cp_async_commit_group()
+
+                    # ---- MMA setup
+                    mma = cute.make_tiled_mma(cute.make_mma_atom(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16))),
+                                              (1, 1, 1), permutation_mnk=(16, 16, 16))
+                    thr_mma = mma.get_slice(lane)
+                    ld_a = cute.make_tiled_copy_A(
+                        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16), mma)
+                    ld_k = cute.make_tiled_copy_B(
+                        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16), mma)
+                    ld_vt = cute.make_tiled_copy_B(
+                        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), BFloat16), mma)
+                    thr_ld_a = ld_a.get_slice(lane)
+                    thr_ld_k = ld_k.get_slice(lane)
+                    thr_ld_vt = ld_vt.get_slice(lane)
+
+                    sQt = cute.local_tile(sQ, (16, HEAD_DIM), (mt, 0))
+                    tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQt))
+                    tSrS = thr_mma.make_fragment_C(thr_mma.partition_shape_C((16, 32)))
+                    tOrO = thr_mma.make_fragment_C(thr_mma.partition_shape_C((16, HEAD_DIM)))
+                    tOrO.fill(0.0)
+                    tOrP = thr_mma.make_fragment_A(thr_mma.partition_shape_A((16, 32)))
+                    tOrP32 = cute.recast_tensor(tOrP, Uint32)
+                    tScS = thr_mma.partition_C(cute.make_identity_tensor((16, 32)))
+                    cute.copy(ld_a, thr_ld_a.partition_S(sQt), thr_ld_a.retile(tSrQ))
+                    row_max = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+                    row_sum = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+                    row_max.fill(NEG_BIG)
+                    row_sum.fill(0.0)
+
+                    # visible keys of token t: [lo_t, pos_t]; every row of the CTA sees [lo_all, pos_min]
+                    pos0 = L - QL
+                    lo_all = Int32(0)
+                    if const_expr(W > 0):
+                        lo_all = cutlass.max(L - W, Int32(0))
+                    # tokens of this lane's two rows (padding rows of q_len 1 mirror token 0)
+                    t0 = cutlass.min(Int32(2 * mt), Int32(QL - 1))
+                    t1 = cutlass.min(Int32(2 * mt + 1), Int32(QL - 1))
+
+                    for k in cutlass.range(my_steps, unroll=1):
+                        st = k % NST
+                        cute.arch.cp_async_wait_group(NST - 2)
+                        cute.arch.sync_threads()
+                        kn = k + NST - 1
+                        if kn < my_steps:
+                            _issue_step(g2s, thr_g2s, mCache, sPT, sRing, sInv, g, kn,
+                                        page_base + kn * SP, L, kn % NST, tidx, SP, PTMAX)
+                        else:
+                            cute.arch.cp_async_commit_group()
+
+                        # ---- S = Q K^T over this warp's 32 keys
+                        sKt = cute.local_tile(sRingK[None, None, st], (32, HEAD_DIM), (kg, 0))
+                        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKt))
+                        cute.copy(ld_k, thr_ld_k.partition_S(sKt), thr_ld_k.retile(tSrK))
+                        tSrS.fill(0.0)
+                        cute.gemm(mma, tSrS, tSrQ, tSrK, tSrS)
+                        for i in cutlass.range_constexpr(cute.size(tSrS)):
+                            tSrS[i] = tSrS[i] * scale_log2
+
+                        # ---- masks on edge steps only
+                        kbase = (page_base + k * SP + 2 * kg) * PAGE
+                        inv0 = sInv[st * SP + 2 * kg]
+                        inv1 = sInv[st * SP + 2 * kg + 1]
+                        edge = Int32(kbase < lo_all + QL) + Int32(kbase + 31 > pos0) + inv0 + inv1
+                        if edge != 0:
+                            for i in cutlass.range_constexpr(cute.size(tSrS)):
+                                col = tScS[i][1]
+                                key = kbase + col
+                                tt = t0
+                                if const_expr((i // 2) % 2 == 1):
+                                    tt = t1
+                                pos = pos0 + tt
+                                inv = inv0
+                                if const_expr(i >= 8):
+                                    inv = inv1
+                                msk = Int32(key > pos) + inv
+                                if const_expr(W > 0):
+                                    msk = msk + Int32(key < pos - W + 1)
+                                if msk != 0:
+                                    tSrS[i] = -math.inf
+
+                        # ---- online softmax (base 2), rows h = 0 (lane//4) and 1 (lane//4 + 8)
+                        for h in cutlass.range_constexpr(2):
+                            mx = row_max[h]
+                            for i in cutlass.range_constexpr(cute.size(tSrS)):
+                                if const_expr((i // 2) % 2 == h):
+                                    mx = cute.arch.fmax(mx, tSrS[i])
+                            mx = _quad_max(mx)
+                            corr = cute.math.exp2(row_max[h] - mx, fastmath=True)
+                            row_max[h] = mx
+                            psum = Float32(0.0)
+                            for i in cutlass.range_constexpr(cute.size(tSrS)):
+                                if const_expr((i // 2) % 2 == h):
+                                    p = cute.math.exp2(tSrS[i] - mx, fastmath=True)
+                                    tSrS[i] = p
+                                    psum = psum + p
+                            row_sum[h] = row_sum[h] * corr + psum
+                            for i in cutlass.range_constexpr(cute.size(tOrO)):
+                                if const_expr((i // 2) % 2 == h):
+                                    tOrO[i] = tOrO[i] * corr
+
+                        # ---- P -> bf16 A fragment in registers; O += P V
+                        for q in cutlass.range_constexpr(cute.size(tOrP32)):
+                            tOrP32[q] = _pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
+                        sVt = cute.local_tile(sRingVt[None, None, st], (HEAD_DIM, 32), (0, kg))
+                        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+                        cute.copy(ld_vt, thr_ld_vt.partition_S(sVt), thr_ld_vt.retile(tOrVt))
+                        cute.gemm(mma, tOrO, tOrP, tOrVt, tOrO)
+
+                    # ---- gate of this thread's (row, columns), issued before the merge so its latency overlaps
+                    row = tidx // TPR
+                    c0 = (tidx % TPR) * CPT
+                    row_g = r * QL + row // GROUP
+                    qcol = (g * GROUP + row % GROUP) * HEAD_DIM + c0
+                    gate_col = (GROUP + 2) * HEAD_DIM * hkv + qcol
+                    gt = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
+                    cute.autovec_copy(cute.local_tile(mY, (1, CPT), (row_g, gate_col // CPT))[0, None], gt)
+                    cute.arch.cp_async_wait_group(0)
+                    cute.arch.sync_threads()      # ring drained and idle: reuse it for sOw
+
+                    # ---- per-warp (m, l, O) -> smem
+                    sOw = cute.make_tensor(cute.recast_ptr(sRaw.iterator, dtype=Float32),
+                                           cute.make_layout((M16, HEAD_DIM, WK), stride=(HEAD_DIM, 1, M16 * HEAD_DIM)))
+                    gq = lane // 4
+                    for h in cutlass.range_constexpr(2):
+                        row_sum[h] = _quad_sum(row_sum[h])
+                        if lane % 4 == 0:
+                            sMw[mt * 16 + gq + 8 * h, kg] = row_max[h]
+                            sLw[mt * 16 + gq + 8 * h, kg] = row_sum[h]
+                    tOsO = thr_mma.partition_C(cute.local_tile(sOw[None, None, kg], (16, HEAD_DIM), (mt, 0)))
+                    for i in cutlass.range_constexpr(cute.size(tOrO)):
+                        tOsO[i] = tOrO[i]
+                    cute.arch.sync_threads()
+
+                    # ---- thread (row, CPT columns): combine the WK warps in order
+                    acc = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
+                    m_c = sMw[row, 0]
+                    l_c = sLw[row, 0]
+                    for c in cutlass.range_constexpr(CPT):
+                        acc[c] = sOw[row, c0 + c, 0]
+                    if const_expr(WK > 1):
+                        for v in cutlass.range_constexpr(1, WK):
+                            m_c = cute.arch.fmax(m_c, sMw[row, v])
+                        f0 = cute.math.exp2(sMw[row, 0] - m_c, fastmath=True)
+                        l_c = l_c * f0
+                        for c in cutlass.range_constexpr(CPT):
+                            acc[c] = acc[c] * f0
+                        for v in cutlass.range_constexpr(1, WK):
+                            fv = cute.math.exp2(sMw[row, v] - m_c, fastmath=True)
+                            l_c = l_c + sLw[row, v] * fv
+                            for c in cutlass.range_constexpr(CPT):
+                                acc[c] = acc[c] + sOw[row, c0 + c, v] * fv
+
+                    if n_split == 1:
+                        inv_l = cute.arch.rcp_approx(l_c)
+                        for c in cutlass.range_constexpr(CPT):
+                            acc[c] = acc[c] * inv_l
+                        _epilogue(acc, gt, mOut, row_g, qcol, CPT, TPR)
+                    else:
+                        # ---- partial -> workspace; ticket; the last arriver merges in split order
+                        nslot = R * hkv * self.S_MAX
+                        wsf = cute.recast_ptr(mWs.iterator, dtype=Float32)
+                        gWO = cute.make_tensor(wsf, cute.make_layout((nslot, MR, HEAD_DIM),
+                                                                     stride=(MR * HEAD_DIM, HEAD_DIM, 1)))
+                        gWM = cute.make_tensor(wsf + nslot * MR * HEAD_DIM,
+                                               cute.make_layout((nslot, MR, 2), stride=(MR * 2, 2, 1)))
+                        cnt_ptr = cute.recast_ptr(wsf + nslot * MR * (HEAD_DIM + 2), dtype=Uint32) + (r * hkv + g)
+                        slot0 = (r * hkv + g) * self.S_MAX
+                        cute.autovec_copy(acc, cute.local_tile(gWO[slot0 + s, None, None], (1, CPT), (row, tidx % TPR))[0, None])
+                        if tidx % TPR == 0:
+                            gWM[slot0 + s, row, 0] = m_c
+                            gWM[slot0 + s, row, 1] = l_c
+                        cute.arch.fence_acq_rel_gpu()
+                        cute.arch.sync_threads()
+                        if tidx == 0:
+                            old = cute.arch.atomic_add(cnt_ptr, Uint32(1), sem="acq_rel", scope="gpu")
+                            last = Int32(old == Uint32(n_split - 1))
+                            sFlag[0] = last
+                            if last != 0:
+                                cute.arch.atomic_exch(cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
+                        cute.arch.sync_threads()
+                        if sFlag[0] != 0:
+                            cute.arch.fence_acq_rel_gpu()
+                            # independent (clamped) loads; splits >= n_split get weight 0 (x + 0 = x)
+                            S_MAX = self.S_MAX
+                            mj = cute.make_rmem_tensor(cute.make_layout(S_MAX), Float32)
+                            lj = cute.make_rmem_tensor(cute.make_layout(S_MAX), Float32)
+                            for j in cutlass.range_constexpr(S_MAX):
+                                jj = cutlass.min(Int32(j), n_split - 1)
+                                mj[j] = gWM[slot0 + jj, row, 0]
+                                lj[j] = gWM[slot0 + jj, row, 1]
+                            mg = mj[0]
+                            for j in cutlass.range_constexpr(1, S_MAX):
+                                mg = cute.arch.fmax(mg, mj[j])
+                            lg = Float32(0.0)
+                            for j in cutlass.range_constexpr(S_MAX):
+                                fj = cute.math.exp2(mj[j] - mg, fastmath=True)
+                                if const_expr(j > 0):
+                                    fj = fj * Float32(j < n_split)
+                                mj[j] = fj
+                                lg = lg + lj[j] * fj
+                            for c in cutlass.range_constexpr(CPT):
+                                acc[c] = 0.0
+                            GRP = self.MERGE_GRP
+                            part = cute.make_rmem_tensor(cute.make_layout((CPT, GRP), stride=(1, CPT)), Float32)
+                            for jg in cutlass.range((n_split + GRP - 1) // GRP, unroll=1):
+                                for u in cutlass.range_constexpr(GRP):
+                                    jj = cutlass.min(jg * GRP + u, n_split - 1)
+                                    cute.autovec_copy(cute.local_tile(gWO[slot0 + jj, None, None], (1, CPT), (row, tidx % TPR))[0, None], part[None, u])
+                                for u in cutlass.range_constexpr(GRP):
+                                    j = jg * GRP + u
+                                    fj = mj[cutlass.min(j, Int32(S_MAX - 1))] * Float32(j < n_split)
+                                    for c in cutlass.range_constexpr(CPT):
+                                        acc[c] = acc[c] + part[c, u] * fj
+                            inv_l = cute.arch.rcp_approx(lg)
+                            for c in cutlass.range_constexpr(CPT):
+                                acc[c] = acc[c] * inv_l
+                            _epilogue(acc, gt, mOut, row_g, qcol, CPT, TPR)
+
+
+# ------------------------------------------------------------------------------------ host
+_CACHE: dict = {}
+
+
+def _config(q_len: int, window: int, max_seq_len: int, **over) -> "Attn2Config":
+    return Attn2Config.create(q_len, window, max_seq_len, **over)
+
+
+def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
+    """cute.compile one variant against fake tensors (CPU or GPU), TVM-FFI env stream."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"cutlass DSL not importable: {_IMPORT_ERROR}")
+    key = (cfg.q_len, cfg.window, cfg.s_max, cfg.min_steps, cfg.stages, cfg.pt_max, extra_options)  # max_seq_len is run time
+    fn = _CACHE.get(key)
+    if fn is not None:
+        return fn
+    rows, n, pages, hkv, nreq, width, nq, nws = (cute.sym_int() for _ in range(8))
+    n = cute.sym_int(divisibility=64)
+    nq = cute.sym_int(divisibility=64)
+    nws = cute.sym_int(divisibility=16)
+    fY = make_fake_compact_tensor(BFloat16, (rows, n), stride_order=(1, 0), assumed_align=16)
+    fC = make_fake_compact_tensor(BFloat16, (pages, hkv, PAGE, ROW), stride_order=(3, 2, 1, 0), assumed_align=16)
+    fPT = make_fake_compact_tensor(Int32, (nreq, width), stride_order=(1, 0), assumed_align=4)
+    fS = make_fake_compact_tensor(Int32, (nreq,), assumed_align=4)
+    fO = make_fake_compact_tensor(BFloat16, (rows, nq), stride_order=(1, 0), assumed_align=16)
+    fW = make_fake_compact_tensor(cutlass.Uint8, (nws,), assumed_align=16)
+    fE = make_fake_compact_tensor(Int32, (1,), assumed_align=4)
+    opts = ("--enable-tvm-ffi " + extra_options).strip()
+    fn = cute.compile(Attn2Sm90(cfg), fY, fC, fPT, fS, fO, fW, fE, Float32(0.5), Int32(cfg.max_seq_len),
+                      make_fake_stream(use_tvm_ffi_env_stream=True), options=opts)
+    _CACHE[key] = fn
+    return fn
+
+
+def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> tuple[bool, str]:
+    if _IMPORT_ERROR is not None:
+        return False, f"cutlass DSL not importable: {_IMPORT_ERROR}"
+    try:
+        import tvm_ffi  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return False, f"apache-tvm-ffi not importable: {exc}"
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False, f"device {dev} is not CUDA"
+    if not torch.cuda.is_available():
+        return False, "CUDA not available"
+    cap = torch.cuda.get_device_capability(dev)
+    if cap != (9, 0):
+        return False, f"needs compute capability 9.0 (sm_90a), device has {cap[0]}.{cap[1]}"
+    if q_len not in (1, 8):
+        return False, f"q_len must be 1 or 8, got {q_len}"
+    if kv_heads < 1 or window < 0 or max_seq_len < q_len:
+        return False, f"bad deployment kv_heads={kv_heads} window={window} max_seq_len={max_seq_len}"
+    if max_seq_len >= 2**31 - 2**20:
+        return False, "max_seq_len too large for int32 indexing"
+    return True, "ok"
+
+
+def prepare(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> None:
+    """Compile the variant of a deployment (build time). kv_heads is a run-time dimension."""
+    compile_attn2(_config(q_len, window, max_seq_len))
+
+
+def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
+    cfg = _config(q_len, window, max_seq_len)
+    nslot = num_requests * kv_heads * cfg.s_max
+    n = 4 * (nslot * cfg.mr * (HEAD_DIM + 2) + num_requests * kv_heads)
+    return (n + 15) // 16 * 16
+
+
+def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
+                 window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None) -> None:
+    """Write out on torch's current stream (graph-capturable; no host sync)."""
+    cfg = _config(q_len, window, max_seq_len, **(_cfg_override or {}))
+    R = seq_lens.shape[0]
+    if R == 0:
+        return
+    need = workspace_bytes(R, kv_cache.shape[1], q_len, window, max_seq_len) if not _cfg_override else \
+        (4 * (R * kv_cache.shape[1] * cfg.s_max * cfg.mr * (HEAD_DIM + 2) + R * kv_cache.shape[1]) + 15) // 16 * 16
+    if workspace.numel() < need:
+        raise ValueError(f"workspace: need {need} bytes for {R} requests, got {workspace.numel()}")
+    fn = compile_attn2(cfg)
+    fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len))
+
+
+def compile_all_variants_for_ci(max_seq_lens=(2048, 32768, 262144)) -> list:
+    """Compile every (q_len, window) variant for sm_90a against fake tensors (CPU is fine)."""
+    done = []
+    for q_len in (1, 8):
+        for window in (0, 2048):
+            for msl in max_seq_lens:
+                cfg = _config(q_len, window, msl)
+                compile_attn2(cfg)
+                done.append(cfg)
+    return done

@@ -1,0 +1,210 @@
+"""GPU tests of the CuTe DSL attn2 kernel (muse_ops/cutedsl/attn2.py) against a float64
+evaluation of DESIGN.md section 4: accuracy, determinism, batch invariance, graph replay,
+error flags, self-resetting workspace counters. Skips cleanly without CUDA / cutlass."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from muse_ops.config import GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS, column_offsets
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SCALE = 5.473 / 8.0
+
+
+def _kernel():
+    from muse_ops.cutedsl import attn2 as A
+    ok, why = A.can_implement(torch.device("cuda"), 2, 8, 0, 1 << 17)
+    if not ok:
+        pytest.skip(why)
+    return A
+
+
+# ----------------------------------------------------------------------------- inputs
+def make_case(lens, hkv, q_len, *, seed=0, extra_pages=64, window=0, device="cuda", poison=True,
+              total_pages=None, width=None):
+    """Random y, a scattered page pool (unused pages, tail rows and, with a window, pages before
+    it are NaN and unmapped (-1)), page table, seq_lens."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    R = len(lens)
+    N = 1152 * hkv
+    y = torch.randn(q_len * R, N, generator=g).to(torch.bfloat16)
+    npg = [(L + PAGE_SIZE - 1) // PAGE_SIZE for L in lens]
+    width = max(npg) + 3 if width is None else width
+    total = sum(npg) + extra_pages if total_pages is None else total_pages
+    cache = torch.randn(total, hkv, PAGE_SIZE, 2 * HEAD_DIM, generator=g).to(torch.bfloat16)
+    perm = torch.randperm(total, generator=g)
+    pt = torch.full((R, width), -1, dtype=torch.int32)
+    used = torch.zeros(total, dtype=torch.bool)
+    o = 0
+    for r, (L, n) in enumerate(zip(lens, npg)):
+        pages = perm[o:o + n]
+        o += n
+        first = 0
+        if window > 0:
+            first = max(0, L - q_len - window + 1) // PAGE_SIZE
+        pt[r, first:n] = pages[first:].to(torch.int32)
+        used[pages[first:]] = True
+        tail = L - (n - 1) * PAGE_SIZE
+        if poison and tail < PAGE_SIZE:
+            cache[pages[-1], :, tail:] = float("nan")
+    if poison:
+        cache[~used] = float("nan")
+    seq = torch.tensor(lens, dtype=torch.int32)
+    return y.to(device), cache.to(device), pt.to(device), seq.to(device)
+
+
+def ref_float64(y, cache, pt, seq, *, q_len, window, scale):
+    """float64 evaluation; o rounded to bf16 where the formula puts it. Returns float64 [rows, Hq*64]."""
+    hkv = cache.shape[1]
+    hq = GROUP * hkv
+    cols = column_offsets(hkv)
+    R = seq.shape[0]
+    out = torch.empty(q_len * R, hq * HEAD_DIM, dtype=torch.float64, device=y.device)
+    lens = seq.tolist()
+    for r, L in enumerate(lens):
+        first = 0
+        if window > 0:
+            first = max(0, L - q_len - window + 1) // PAGE_SIZE
+        n = (L + PAGE_SIZE - 1) // PAGE_SIZE
+        pages = pt[r, first:n].long()
+        kv = cache[pages].permute(1, 0, 2, 3).reshape(hkv, -1, 2 * HEAD_DIM)[:, :L - first * PAGE_SIZE].double()
+        k, v = kv[..., :HEAD_DIM], kv[..., HEAD_DIM:]
+        keys = torch.arange(first * PAGE_SIZE, L, device=y.device)
+        rows = y[r * q_len:(r + 1) * q_len].double()
+        q = rows[:, :hq * HEAD_DIM].view(q_len, hkv, GROUP, HEAD_DIM).permute(1, 0, 2, 3).reshape(hkv, q_len * GROUP, HEAD_DIM)
+        s = scale * (q @ k.transpose(1, 2))                              # [hkv, q_len*8, T]
+        pos = (L - q_len + torch.arange(q_len, device=y.device)).repeat_interleave(GROUP)
+        vis = keys[None, :] <= pos[:, None]
+        if window > 0:
+            vis &= keys[None, :] > pos[:, None] - window
+        s = s.masked_fill(~vis[None], float("-inf"))
+        o = torch.softmax(s, -1) @ v                                      # [hkv, q_len*8, 64]
+        o = o.to(torch.bfloat16).double()
+        o = o.view(hkv, q_len, GROUP, HEAD_DIM).permute(1, 0, 2, 3).reshape(q_len, hq, HEAD_DIM)
+        gate = rows[:, cols["gate"]:].view(q_len, hq, HEAD_DIM)
+        normed = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + RMS_EPS)
+        out[r * q_len:(r + 1) * q_len] = (torch.sigmoid(gate) * normed).reshape(q_len, -1)
+    return out
+
+
+def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE):
+    R, hkv = seq.shape[0], cache.shape[1]
+    out = torch.full((q_len * R, GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=y.device)
+    if ws is None:
+        ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, max_seq_len), dtype=torch.uint8, device=y.device)
+    if err is None:
+        err = torch.zeros(1, dtype=torch.int32, device=y.device)
+    A.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len)
+    return out, ws, err
+
+
+def check_close(out, ref):
+    d = (out.double() - ref).abs()
+    bad = ~(d <= 2e-2 + 1e-2 * ref.abs())            # NaN counts as bad
+    return int(bad.sum()), float(d.nan_to_num(1e9).max()), float(d.nan_to_num(1e9).mean())
+
+
+def counters_zero(A, ws, R, hkv, q_len, window, max_seq_len):
+    cfg = A._config(q_len, window, max_seq_len)
+    off = 4 * R * hkv * cfg.s_max * cfg.mr * (HEAD_DIM + 2)
+    return int(ws[off:off + 4 * R * hkv].view(torch.int32).abs().sum()) == 0
+
+
+# ----------------------------------------------------------------------------- tests
+CASES = [
+    # (q_len, window, hkv, lens)
+    (8, 0, 2, [8, 9, 15, 16, 17, 100, 2047, 2048, 2049, 8192, 40000]),
+    (8, 2048, 2, [8, 100, 2055, 2056, 2057, 5000, 33333]),
+    (8, 64, 1, [8, 63, 64, 71, 72, 73, 1000]),
+    (1, 0, 4, [1, 2, 16, 17, 777, 4096, 100000]),
+    (1, 2048, 2, [1, 2047, 2048, 2049, 9000]),
+    (1, 64, 16, [1, 64, 65, 300]),
+    (8, 0, 16, [8, 3000]),
+    (8, 0, 4, [33, 65536, 100000]),
+]
+
+
+@pytest.mark.parametrize("q_len,window,hkv,lens", CASES)
+def test_matches_float64(q_len, window, hkv, lens):
+    A = _kernel()
+    msl = 1 << 17
+    y, cache, pt, seq = make_case(lens, hkv, q_len, seed=hash((q_len, window, hkv)) % 1000, window=window)
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
+    ref = ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+    nbad, mx, mean = check_close(out, ref)
+    assert nbad == 0, f"{nbad} elements out of tolerance, max err {mx}"
+    assert mean <= 2e-3, f"mean |err| {mean}"
+    assert int(err.item()) == 0
+    assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+
+
+@pytest.mark.parametrize("q_len,window", [(8, 0), (8, 2048), (1, 0)])
+def test_deterministic_and_batch_invariant(q_len, window):
+    A = _kernel()
+    msl = 1 << 15
+    g = torch.Generator().manual_seed(5)
+    lens = [int(x) for x in torch.randint(q_len, 30000, (64,), generator=g)]
+    lens[17] = 12345
+    y, cache, pt, seq = make_case(lens, 2, q_len, seed=7, window=window)
+    out1, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
+    out2, _, _ = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, ws=ws, err=err)
+    assert torch.equal(out1.view(torch.int16), out2.view(torch.int16))
+    r = 17
+    alone, _, _ = run_kernel(A, y[r * q_len:(r + 1) * q_len].contiguous(), cache, pt[r:r + 1].contiguous(),
+                             seq[r:r + 1].contiguous(), q_len=q_len, window=window, max_seq_len=msl)
+    assert torch.equal(alone.view(torch.int16), out1[r * q_len:(r + 1) * q_len].view(torch.int16))
+    assert int(err.item()) == 0
+
+
+def test_graph_replay():
+    A = _kernel()
+    q_len, window, msl, hkv = 8, 0, 1 << 15, 2
+    P, WID = 5000, 2100
+    lens_a = [100, 5000, 20000, 8]
+    y, cache, pt, seq = make_case(lens_a, hkv, q_len, seed=11, total_pages=P, width=WID)
+    R = len(lens_a)
+    out = torch.empty(q_len * R, GROUP * hkv * HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, msl), dtype=torch.uint8, device="cuda")
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl)
+    A.launch_attn2(y, cache, pt, seq, out, ws, err, **kw)       # warm (compiled already)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        A.launch_attn2(y, cache, pt, seq, out, ws, err, **kw)
+    for it, lens in enumerate([[9000, 16, 300, 30000], [8, 8, 8, 8], [32768, 9, 20, 31]]):
+        y2, cache2, pt2, seq2 = make_case(lens, hkv, q_len, seed=20 + it, total_pages=P, width=WID)
+        y.copy_(y2)
+        cache.copy_(cache2)
+        pt.copy_(pt2)
+        seq.copy_(seq2)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+        nbad, mx, mean = check_close(out, ref)
+        assert nbad == 0 and mean <= 2e-3, (it, nbad, mx, mean)
+    assert int(err.item()) == 0
+    assert counters_zero(A, ws, R, hkv, q_len, window, msl)
+
+
+def test_error_flags_and_no_out_of_bounds():
+    A = _kernel()
+    q_len, window, msl, hkv = 8, 0, 4096, 2
+    lens = [100, 3000, 500, 200]
+    y, cache, pt, seq = make_case(lens, hkv, q_len, seed=3)
+    seq[1] = 5000           # > max_seq_len -> zeros + bit 1
+    seq[2] = 3              # < q_len       -> zeros + bit 1
+    pt[3, 5] = cache.shape[0] + 7   # bad page -> skipped + bit 2
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
+    assert int(err.item()) == 3
+    assert torch.all(out[q_len:3 * q_len] == 0)
+    assert not torch.isnan(out[3 * q_len:]).any()
+    ref = ref_float64(y[:q_len], cache, pt[:1], seq[:1], q_len=q_len, window=window, scale=SCALE)
+    assert check_close(out[:q_len], ref)[0] == 0
+    assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)

@@ -1,0 +1,108 @@
+"""Device run: correctness smoke + timing table of the CuTe attn2 kernel (CUDA graphs, cold L2).
+usage: python3 tools/attn2_dev/run_dev.py [check] [bench] [tune]"""
+import os, sys, time, math
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+import torch
+from muse_ops.cutedsl import attn2 as A
+from muse_ops.reference import attn2_ref
+from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, counters_zero, SCALE
+
+what = set(sys.argv[1:]) or {"check", "bench"}
+dev = "cuda"
+print(torch.cuda.get_device_name(), A.can_implement(torch.device("cuda"), 2, 8, 0, 1 << 17), flush=True)
+
+if "check" in what:
+    t0 = time.time()
+    for q_len in (8, 1):
+        for window in (0, 2048):
+            A.prepare(2, q_len, window, 1 << 17)
+    print(f"compile 4 variants {time.time()-t0:.1f}s", flush=True)
+    for (q_len, window, hkv, lens) in [
+            (8, 0, 2, [8, 9, 17, 100, 2049, 8192, 40000]), (8, 2048, 2, [8, 2057, 5000, 33333]),
+            (1, 0, 4, [1, 2, 17, 4096, 100000]), (1, 2048, 2, [1, 2049, 9000]), (8, 0, 1, [12345])]:
+        msl = 1 << 17
+        y, cache, pt, seq = make_case(lens, hkv, q_len, seed=1, window=window)
+        out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
+        torch.cuda.synchronize()
+        ref = ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+        nbad, mx, mean = check_close(out, ref)
+        out2, _, _ = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, ws=ws, err=err)
+        same = torch.equal(out.view(torch.int16), out2.view(torch.int16))
+        # fp32 reference of the package (NaN-safe on clamp; cache NaN pages are masked there too)
+        pt_ref = pt.clone(); pt_ref[pt_ref < 0] = 0
+        r32 = attn2_ref(y, cache.nan_to_num(0.0), pt_ref, seq, q_len=q_len, window=window, scale=SCALE)
+        d32 = (out.float() - r32.float()).abs().max().item()
+        print(f"CHECK q_len={q_len} W={window} hkv={hkv} lens={lens}: bad={nbad} max={mx:.3g} mean={mean:.3g} "
+              f"vs_ref32 max={d32:.3g} err={int(err.item())} cnt0={counters_zero(A, ws, len(lens), hkv, q_len, window, msl)} "
+              f"det={same}", flush=True)
+
+
+def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=1 << 18):
+    lens = lens or [L] * B
+    npg = [(l + 15) // 16 for l in lens]
+    first = [max(0, l - q_len - window + 1) // 16 if window else 0 for l in lens]
+    vis = sum(n - f for n, f in zip(npg, first))
+    page_bytes = hkv * 16 * 256
+    pool_bytes = vis * page_bytes
+    n_pools = max(1, min(16, math.ceil(200e6 / pool_bytes)))
+    width = max(npg) + 1
+    pools = []
+    for i in range(n_pools):
+        cache = torch.randn(vis + 8, hkv, 16, 128, device=dev, dtype=torch.bfloat16)
+        perm = torch.randperm(vis + 8, device=dev).to(torch.int32)
+        pt = torch.full((B, width), -1, dtype=torch.int32, device=dev)
+        o = 0
+        for r in range(B):
+            n = npg[r] - first[r]
+            pt[r, first[r]:npg[r]] = perm[o:o + n]
+            o += n
+        pools.append((cache, pt))
+    seq = torch.tensor(lens, dtype=torch.int32, device=dev)
+    y = torch.randn(q_len * B, 1152 * hkv, device=dev).to(torch.bfloat16)
+    out = torch.empty(q_len * B, 512 * hkv, device=dev, dtype=torch.bfloat16)
+    cfg = A._config(q_len, window, msl, **(over or {}))
+    ws = torch.zeros((4 * (B * hkv * cfg.s_max * cfg.mr * 66 + B * hkv) + 15) // 16 * 16, dtype=torch.uint8, device=dev)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+    kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl, _cfg_override=over or {})
+    for c, p in pools:
+        A.launch_attn2(y, c, p, seq, out, ws, err, **kw)
+    torch.cuda.synchronize()
+    K = max(reps, n_pools)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(K):
+            c, p = pools[i % n_pools]
+            A.launch_attn2(y, c, p, seq, out, ws, err, **kw)
+    g.replay(); torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(5):
+        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / K)
+    us = sorted(ts)[len(ts) // 2]
+    floor = pool_bytes / 4.1e12 * 1e6
+    assert int(err.item()) == 0, err
+    del pools
+    return us, floor, pool_bytes
+
+
+if "bench" in what or "tune" in what:
+    cases = [(1, 512, 0), (1, 8192, 0), (8, 2048, 0), (32, 4096, 0), (64, 8192, 0), (128, 16384, 0),
+             (16, 65536, 0), (64, 8192, 2048), (128, 16384, 2048), (1, 131072, 0)]
+    if "bench" in what:
+        print(f"{'case (B,L,W) q_len8 Hkv2':28s} {'us':>8s} {'floor':>8s} {'ratio':>6s}  MB", flush=True)
+        for (B, L, W) in cases:
+            us, fl, by = bench_case(B, L, W)
+            print(f"BENCH {str((B, L, W)):22s} {us:8.2f} {fl:8.2f} {us/fl:6.2f}  {by/1e6:.1f}", flush=True)
+        g = torch.Generator().manual_seed(0)
+        lens = [int(x) for x in torch.randint(512, 32769, (64,), generator=g)]
+        us, fl, by = bench_case(64, 0, 0, lens=lens)
+        print(f"BENCH {'mixed B64 512..32k':22s} {us:8.2f} {fl:8.2f} {us/fl:6.2f}  {by/1e6:.1f}", flush=True)
+        for (B, L, W) in [(1, 8192, 0), (64, 8192, 0), (128, 16384, 2048)]:
+            us, fl, by = bench_case(B, L, W, q_len=1)
+            print(f"BENCH q_len1 {str((B, L, W)):15s} {us:8.2f} {fl:8.2f} {us/fl:6.2f}  {by/1e6:.1f}", flush=True)
+    if "tune" in what:
+        for over in [dict(s_max=32), dict(s_max=64), dict(s_max=8), dict(stages=12), dict(stages=4)]:
+            for (B, L, W) in [(1, 8192, 0), (64, 8192, 0), (16, 65536, 0)]:
+                us, fl, by = bench_case(B, L, W, over=over)
+                print(f"TUNE {str(over):32s} {str((B, L, W)):22s} {us:8.2f} floor {fl:8.2f} ratio {us/fl:6.2f}", flush=True)
