@@ -17,6 +17,8 @@ attn2 (y, paged cache -> out):
                      (block 16) holding each request's physical pages, and a mask_mod mapping
                      physical to logical positions; the norm x sigmoid(gate) in the same compiled
                      function. The block mask's tensors are built per step outside the timed region.
+  flex(contig)       the same on contiguous per-request K/V [B, Hkv, Lmax, 64] gathered beforehand
+                     (block 128): no paging cost, labelled an optimistic bound for Flex.
 qkv_front (x, W -> y, cache insert):
   muse:<backend>     muse_ops.qkv_front, every available backend
   cublas+triton      torch.matmul (cuBLAS) then bench/stock_triton.qk_norm_rope_insert (in place,
@@ -84,7 +86,7 @@ def fa_layout(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def attn2_contenders(device) -> list[str]:
     names = ["muse:cutedsl", "muse:reference"]
     if torch.device(device).type == "cuda":
-        names += ["fa4+normgate", "fa4 (attn only)", "flex(paged)"]
+        names += ["fa4+normgate", "fa4 (attn only)", "flex(paged)", "flex(contig)"]
     return names
 
 
@@ -138,6 +140,8 @@ def build_attn2_contender(name: str, inp: Attn2Inputs, device):
 
     if name == "flex(paged)":
         return _flex_paged(inp, device)
+    if name == "flex(contig)":
+        return _flex_contig(inp, device)
     raise Absent(f"unknown contender {name}")
 
 
@@ -205,15 +209,71 @@ def _flex_paged(inp: Attn2Inputs, device):
         bm = BlockMask.from_kv_blocks(kn, ki, fn_, fi, BLOCK_SIZE=(128, PAGE_SIZE), mask_mod=mask,
                                       seq_lengths=(ql, kv_len), compute_q_blocks=False)
         o = flex_attention(q, K, V, block_mask=bm, scale=scale, enable_gqa=True)   # [B, Hq, ql, 64]
-        o = o.transpose(1, 2).reshape(B * ql, hq, HEAD_DIM).to(torch.bfloat16).float()
-        gate = y[:, (hq + 2 * kvh) * HEAD_DIM:].float().view(B * ql, hq, HEAD_DIM)
-        out = torch.sigmoid(gate) * o * torch.rsqrt(o.square().mean(-1, keepdim=True) + 1e-5)
-        return out.to(torch.bfloat16).view(B * ql, hq * HEAD_DIM)
+        return _norm_gate_torch(o, y, B, ql, hq, kvh)
 
     compiled = torch.compile(step, fullgraph=True, dynamic=False)
 
     def fn(i):
         return compiled(inp.ys[i], K, V, *metas[i], inp.seq_lens)
+    return fn
+
+
+def _norm_gate_torch(o, y, B, ql, hq, kvh):
+    o = o.transpose(1, 2).reshape(B * ql, hq, HEAD_DIM).to(torch.bfloat16).float()
+    gate = y[:, (hq + 2 * kvh) * HEAD_DIM:].float().view(B * ql, hq, HEAD_DIM)
+    out = torch.sigmoid(gate) * o * torch.rsqrt(o.square().mean(-1, keepdim=True) + 1e-5)
+    return out.to(torch.bfloat16).view(B * ql, hq * HEAD_DIM)
+
+
+def _flex_contig(inp: Attn2Inputs, device):
+    """Flex on contiguous per-request K/V [B, Hkv, Lmax, 64] (each set gathered from its pages
+    beforehand): no paging cost at all, an optimistic bound for Flex (DESIGN.md's Flex numbers)."""
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+    except Exception as exc:
+        raise Absent(f"flex_attention not importable ({exc})")
+    c = inp.case
+    hq, kvh, ql, W = GROUP * c.kv_heads, c.kv_heads, c.q_len, c.window
+    B = c.batch
+    lmax = max(c.lens)
+    P = pages_needed = -(-lmax // PAGE_SIZE)
+    lens = inp.seq_lens
+    sets = []
+    for pt in inp.page_tables:
+        g = inp.kv_cache[pt[:, :P].clamp(min=0).long()]                       # [B, P, Hkv, 16, 128]
+        g = g.permute(0, 2, 1, 3, 4).reshape(B, kvh, P * PAGE_SIZE, 2 * HEAD_DIM)
+        k, v = g[..., :HEAD_DIM].contiguous(), g[..., HEAD_DIM:].contiguous()
+        del g
+
+        def m(b, h, qi, kv, lens=lens):
+            pos = lens[b] - ql + qi
+            ok = kv <= pos
+            if W:
+                ok = ok & (kv > pos - W)
+            return ok
+        bm = create_block_mask(m, B, None, ql, P * PAGE_SIZE, device=device, BLOCK_SIZE=128)
+        sets.append((k, v, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices))
+    del pages_needed
+    scale, kv_len = c.scale, P * PAGE_SIZE
+
+    def step(y, k, v, kn, ki, fn_, fi, lens):
+        q = y[:, :hq * HEAD_DIM].view(B, ql, hq, HEAD_DIM).transpose(1, 2)
+
+        def mask(b, h, qi, kv):
+            pos = lens[b] - ql + qi
+            ok = kv <= pos
+            if W:
+                ok = ok & (kv > pos - W)
+            return ok
+        bm = BlockMask.from_kv_blocks(kn, ki, fn_, fi, BLOCK_SIZE=(128, 128), mask_mod=mask,
+                                      seq_lengths=(ql, kv_len), compute_q_blocks=False)
+        o = flex_attention(q, k, v, block_mask=bm, scale=scale, enable_gqa=True)
+        return _norm_gate_torch(o, y, B, ql, hq, kvh)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+
+    def fn(i):
+        return compiled(inp.ys[i], *sets[i], lens)
     return fn
 
 

@@ -33,7 +33,7 @@ from . import cases as C
 from . import contenders as K
 from . import timing as T
 
-PEERS_ATTN2 = ("fa4+normgate", "flex(paged)")
+PEERS_ATTN2 = ("fa4+normgate", "flex(paged)")   # flex(contig) is a bound, not a peer path
 PEERS_QKV = ("cublas+triton", "compile(ref)")
 CHECK_MAX_TOKENS = 1 << 21     # compare against the reference up to this many cached tokens
 
@@ -174,7 +174,9 @@ def notes(result) -> list[str]:
         "(bench/stock_triton.py); fa4 (attn only) is the attention alone.",
         "flex(paged): flex_attention under torch.compile (decode kernel, split KV), paged like torch's "
         "PagedAttention helper (physical [1,Hkv,pages*16,64] K/V, page-sized KV blocks, physical-to-logical "
-        "mask_mod), norm x sigmoid(gate) fused by inductor; its block mask is built per step outside the timing.",
+        "mask_mod), norm x sigmoid(gate) fused by inductor; its block mask is built per step outside the timing. "
+        "flex(contig): the same on contiguous per-request K/V gathered beforehand (block 128), an optimistic "
+        "bound for Flex that no paged server gets; it is not counted as a peer in best peer/ours.",
         "cublas+triton: torch.matmul then the Triton q/k-norm + RoPE + cache-insert kernel (in place). "
         "qkv_front cases run a sliding layer's front (RoPE on).",
     ]
@@ -221,14 +223,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", default=None, help="case-name fragments, or attn2 / qkv_front")
     ap.add_argument("--contenders", nargs="*", default=None, help="contender-name fragments")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
-    ap.add_argument("--render", default=None, help="render a JSON result as markdown (no run)")
+    ap.add_argument("--render", nargs="*", default=None, help="render JSON result(s) as one markdown section (no run)")
     ap.add_argument("--append", default=None, help="with --render: append the section to this file")
     a = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
 
     if a.render:
-        with open(a.render) as f:
-            md = render_markdown(json.load(f))
+        parts = []
+        for path in a.render:
+            with open(path) as f:
+                parts.append(json.load(f))
+        merged = parts[0]
+        for p in parts[1:]:  # e.g. `--cases attn2` and `--cases qkv_front` run as two commands
+            for op, names in (("attn2", "attn2_names"), ("qkv_front", "qkv_names")):
+                merged[op] = merged.get(op, []) + p.get(op, [])
+                merged[names] = merged.get(names) if merged.get(op) and merged.get(names) else p.get(names)
+        md = render_markdown(merged)
         if a.append:
             with open(a.append, "a") as f:
                 f.write("\n" + md)
@@ -284,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
               "qkv_names": qkv_names, "attn2": [], "qkv_front": []}
 
     from muse_ops.reference import attn2_ref, qkv_front_ref
+    import time
+    t_start = time.perf_counter()
     for case in attn_cases:
+        log(f"[{time.perf_counter() - t_start:6.1f} s] attn2 {case.name}")
         inp = C.build_attn2(case, device, l2, sets=2 if cpu else None)
         ref_fn = None
         if sum(case.lens) <= CHECK_MAX_TOKENS:
@@ -298,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cpu:
             torch.cuda.empty_cache()
     for case in qkv_cases:
+        log(f"[{time.perf_counter() - t_start:6.1f} s] qkv_front {case.name}")
         inp = C.build_qkv(case, device, l2, sets=2 if cpu else None)
         ref_fn = lambda inp=inp: qkv_front_ref(inp.xs[0], inp.weights[0], inp.positions[0], inp.slots[0],  # noqa: E731
                                                inp.cos_sin, inp.kv_cache.clone())
@@ -308,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cpu:
             torch.cuda.empty_cache()
 
+    log(f"[{time.perf_counter() - t_start:6.1f} s] done")
     print()
     if result["attn2"]:
         print(format_table(result["attn2"], attn_names, "attn2 (us)"))
