@@ -43,8 +43,8 @@ def environment(device) -> dict:
            "device": str(device)}
     try:
         import subprocess as sp
-        env["commit"] = sp.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                               timeout=5).stdout.strip() or None
+        env["commit"] = os.environ.get("MUSE_BENCH_COMMIT") or sp.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip() or None
     except Exception:
         env["commit"] = None
     if torch.device(device).type == "cuda":
@@ -84,13 +84,18 @@ def _err(out, ref):
             "ok": bool((d <= 2e-2 + 1e-2 * ref.double().abs()).all()) and float(d.mean()) <= 2e-3}
 
 
-def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log) -> dict:
+def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log, deadline=None) -> dict:
     row = {"case": case.name, "bytes": case.bytes(), "sets": inp.sets, "note": inp.note, "results": {},
            "eager_us": {}, "check": {}}
     if kind == "attn2":
         row["flops"] = case.flops()
     ref = None
+    import time
     for name in names:
+        if deadline is not None and time.perf_counter() > deadline:
+            row["results"][name] = {"skipped": "time budget (--budget-s) spent: rerun with --cases"}
+            log(f"  {case.name:28s} {name:18s} skipped: time budget")
+            continue
         try:
             fn = (K.build_attn2_contender if kind == "attn2" else K.build_qkv_contender)(name, inp, device)
             if check and ref_fn is not None:
@@ -145,7 +150,7 @@ def format_table(rows, names, title) -> str:
         v = r["results"].get(n, {})
         if "us" in v:
             return f"{v['us']:.1f}"
-        return "absent" if "absent" in v else ("error" if "error" in v else "-")
+        return "absent" if "absent" in v else ("error" if "error" in v else ("skipped" if "skipped" in v else "-"))
     head = ["case"] + names + ["floor us", "ours/floor", "best peer/ours", "eager ours us"]
     lines = [f"{title}", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -200,7 +205,7 @@ def render_markdown(result: dict) -> str:
             bad = [(r["case"], n) for r in result[op] for n, c in r.get("check", {}).items() if not c["ok"]]
             if bad:
                 lines += [f"Outside DESIGN.md section 7 tolerance vs the reference: {bad}", ""]
-            errs = [(r["case"], n, v.get("absent") or v.get("error")) for r in result[op]
+            errs = [(r["case"], n, v.get("absent") or v.get("error") or v.get("skipped")) for r in result[op]
                     for n, v in r["results"].items() if "us" not in v]
             seen = set()
             for case, n, why in errs:
@@ -222,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", default=None, help="write the dated RESULTS.md section here")
     ap.add_argument("--cases", nargs="*", default=None, help="case-name fragments, or attn2 / qkv_front")
     ap.add_argument("--contenders", nargs="*", default=None, help="contender-name fragments")
+    ap.add_argument("--budget-s", type=float, default=540.0,
+                    help="stop starting new contenders after this many seconds (0: no limit); "
+                         "the device machine kills a command at 600 s")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
     ap.add_argument("--render", nargs="*", default=None, help="render JSON result(s) as one markdown section (no run)")
     ap.add_argument("--append", default=None, help="with --render: append the section to this file")
@@ -238,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
             for op, names in (("attn2", "attn2_names"), ("qkv_front", "qkv_names")):
                 merged[op] = merged.get(op, []) + p.get(op, [])
                 merged[names] = merged.get(names) if merged.get(op) and merged.get(names) else p.get(names)
+        if not merged["env"].get("commit"):  # the GPU machine's copy has no .git: stamp the rendering checkout's
+            try:
+                c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                   timeout=5).stdout.strip()
+                merged["env"]["commit"] = f"{c} (checkout that rendered it)" if c else None
+            except Exception:
+                pass
         md = render_markdown(merged)
         if a.append:
             with open(a.append, "a") as f:
@@ -296,31 +311,58 @@ def main(argv: list[str] | None = None) -> int:
     from muse_ops.reference import attn2_ref, qkv_front_ref
     import time
     t_start = time.perf_counter()
+    deadline = None if a.budget_s <= 0 else t_start + a.budget_s
+
+    def save():  # after every case, so a run cut short still leaves its rows under $OUT
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as f:
+                json.dump(result, f, indent=1)
+        if a.markdown:
+            os.makedirs(os.path.dirname(os.path.abspath(a.markdown)), exist_ok=True)
+            with open(a.markdown, "w") as f:
+                f.write(render_markdown(result))
+
+    def out_of_time(op, case, names):
+        if deadline is None or time.perf_counter() <= deadline:
+            return False
+        result[op].append({"case": case.name, "bytes": case.bytes(), "sets": 0, "note": "not run (time budget)",
+                           "results": {n: {"skipped": "time budget (--budget-s) spent: rerun with --cases"}
+                                       for n in names}, "eager_us": {}, "check": {}})
+        log(f"  {case.name:28s} skipped: time budget")
+        return True
+
+    for case in qkv_cases:
+        log(f"[{time.perf_counter() - t_start:6.1f} s] qkv_front {case.name}")
+        if out_of_time("qkv_front", case, qkv_names):
+            continue
+        inp = C.build_qkv(case, device, l2, sets=2 if cpu else None)
+        ref_fn = lambda inp=inp: qkv_front_ref(inp.xs[0], inp.weights[0], inp.positions[0], inp.slots[0],  # noqa: E731
+                                               inp.cos_sin, inp.kv_cache.clone())
+        row = run_case("qkv_front", case, inp, qkv_names, device, cpu, check, ref_fn, log, deadline)
+        summarize(row, floors, PEERS_QKV)
+        result["qkv_front"].append(row)
+        del inp
+        if not cpu:
+            torch.cuda.empty_cache()
+        save()
     for case in attn_cases:
         log(f"[{time.perf_counter() - t_start:6.1f} s] attn2 {case.name}")
+        if out_of_time("attn2", case, attn_names):
+            continue
         inp = C.build_attn2(case, device, l2, sets=2 if cpu else None)
         ref_fn = None
         if sum(case.lens) <= CHECK_MAX_TOKENS:
             ref_fn = lambda inp=inp, case=case: attn2_ref(  # noqa: E731
                 inp.ys[0], inp.kv_cache, inp.page_tables[0], inp.seq_lens, q_len=case.q_len, window=case.window,
                 scale=case.scale)
-        row = run_case("attn2", case, inp, attn_names, device, cpu, check, ref_fn, log)
+        row = run_case("attn2", case, inp, attn_names, device, cpu, check, ref_fn, log, deadline)
         summarize(row, floors, PEERS_ATTN2)
         result["attn2"].append(row)
         del inp
         if not cpu:
             torch.cuda.empty_cache()
-    for case in qkv_cases:
-        log(f"[{time.perf_counter() - t_start:6.1f} s] qkv_front {case.name}")
-        inp = C.build_qkv(case, device, l2, sets=2 if cpu else None)
-        ref_fn = lambda inp=inp: qkv_front_ref(inp.xs[0], inp.weights[0], inp.positions[0], inp.slots[0],  # noqa: E731
-                                               inp.cos_sin, inp.kv_cache.clone())
-        row = run_case("qkv_front", case, inp, qkv_names, device, cpu, check, ref_fn, log)
-        summarize(row, floors, PEERS_QKV)
-        result["qkv_front"].append(row)
-        del inp
-        if not cpu:
-            torch.cuda.empty_cache()
+        save()
 
     log(f"[{time.perf_counter() - t_start:6.1f} s] done")
     print()
@@ -335,14 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             for n, c in r["check"].items():
                 if not c["ok"]:
                     print(f"CHECK FAILED {op} {r['case']} {n}: {c}")
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    if a.markdown:
-        os.makedirs(os.path.dirname(os.path.abspath(a.markdown)), exist_ok=True)
-        with open(a.markdown, "w") as f:
-            f.write(render_markdown(result))
+    save()
     return 0
 
 
