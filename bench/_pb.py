@@ -4,6 +4,7 @@ number of sets), and the CUDA-event median, floor and ratio go into benchmark.ex
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -16,6 +17,12 @@ from . import timing as T
 def floors():
     dev = torch.device("cuda")
     return {"hbm_tbps": T.measure_hbm_tbps(dev), "node_us": T.measure_graph_node_us(dev)}
+
+
+def ident(name: str) -> str:
+    """A -k friendly test id: 'B=1 L=8192 W=2048' -> 'B1_L8192_W2048', 'fa4+normgate' -> 'fa4_normgate'."""
+    out = re.sub(r"[^A-Za-z0-9]+", "_", name.replace("=", "")).strip("_")
+    return out
 
 
 def run(benchmark, kind, case, build, name):

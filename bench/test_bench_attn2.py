@@ -3,13 +3,13 @@ import pytest
 
 from . import cases as C
 from . import contenders as K
-from ._pb import run
+from ._pb import ident, run
 
 CASES = [C.attn2_case(s) for s in C.ATTN2_CASES]
 NAMES = K.attn2_contenders("cuda")
 
 
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("name", NAMES, ids=[ident(n) for n in NAMES])
+@pytest.mark.parametrize("case", CASES, ids=[ident(c.name) for c in CASES])
 def test_attn2(benchmark, case, name):
     run(benchmark, "attn2", case, C.build_attn2, name)
