@@ -1,6 +1,7 @@
 """Shared pytest-benchmark glue: one contender on one case, timed by CUDA-graph replay over the
-case's rotating input sets; pytest-benchmark's rounds are graph replays (each divided by the
-number of sets), and the CUDA-event median, floor and ratio go into benchmark.extra_info."""
+case's rotating input sets. pytest-benchmark's own numbers are per round = one replay of the
+graph of `sets` calls (extra_info["sets"]); the per-call CUDA-event median (the number to read),
+p20/p80, GB/s, floor and ratio to it go into benchmark.extra_info (--benchmark-json keeps them)."""
 from __future__ import annotations
 
 import functools

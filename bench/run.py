@@ -8,11 +8,14 @@ The full GPU run (one command on the H200; JSON and the markdown section come ba
 
     . .device/prelude.sh && python3 -m muse_ops bench --json $OUT/bench.json --markdown $OUT/bench.md
 
-then, on the development machine, append the section to bench/RESULTS.md:
+(about 3-4 minutes on the H200; --budget-s, default 540, stops starting new contenders in time
+for the 600 s limit and marks the rest "skipped"; JSON/markdown are saved after every case. If
+anything is skipped, run the rest with --cases into a second JSON.) Then, on the development
+machine, append the section to bench/RESULTS.md (several JSON files merge into one section):
 
-    python -m bench.run --render <files_at>/bench.json --append bench/RESULTS.md
+    python -m bench.run --render <files_at>/bench.json [more.json] --append bench/RESULTS.md
 
---cases picks cases by name fragment (e.g. --cases "B=1 " attn2 "M=8"); "attn2" / "qkv_front"
+--cases picks cases by name fragment (e.g. --cases "B=1 " "W=2048" "M=8"); "attn2" / "qkv_front"
 select a whole op. --quick: a few cases. On CPU (--device cpu) tiny cases run on the reference
 with wall-clock timing, only to exercise this code (CI).
 """
