@@ -145,7 +145,14 @@ def build_attn2_contender(name: str, inp: Attn2Inputs, device):
     raise Absent(f"unknown contender {name}")
 
 
+def _fresh_dynamo() -> None:
+    """Each case compiles its own step at its own static shapes; without a reset the shared code
+    object of `step` reaches dynamo's recompile limit after 8 cases (fullgraph then fails)."""
+    torch._dynamo.reset()
+
+
 def _flex_paged(inp: Attn2Inputs, device):
+    _fresh_dynamo()
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention
     except Exception as exc:
@@ -228,6 +235,7 @@ def _norm_gate_torch(o, y, B, ql, hq, kvh):
 def _flex_contig(inp: Attn2Inputs, device):
     """Flex on contiguous per-request K/V [B, Hkv, Lmax, 64] (each set gathered from its pages
     beforehand): no paging cost at all, an optimistic bound for Flex (DESIGN.md's Flex numbers)."""
+    _fresh_dynamo()
     try:
         from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
     except Exception as exc:
