@@ -9,6 +9,7 @@ back to the reference on a GPU, the reason is logged once (logger "muse_ops") an
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -39,6 +40,13 @@ def checked_mode() -> bool:
 
 def cutedsl_support(op: str, device: torch.device, **variant) -> tuple[bool, str]:
     """Whether the CuTe DSL backend can run `op` for this variant on `device`, and why not."""
+    return _cutedsl_support(op, device, tuple(sorted(variant.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _cutedsl_support(op: str, device: torch.device, variant: tuple) -> tuple[bool, str]:
+    """Cached: the answer depends on the device and the deployment only, and every call asks."""
+    variant = dict(variant)
     if device.type != "cuda":
         return False, f"{device.type} device (the CuTe DSL kernels need an sm_90 GPU)"
     if op == "qkv_front":

@@ -8,6 +8,7 @@ MuseInputError naming the argument and what was expected, before anything is wri
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, SUPPORTED_Q_LENS, proj_cols
 from .errors import MuseInputError
@@ -24,7 +25,6 @@ def _describe(t: torch.Tensor) -> str:
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
     return isinstance(t, FakeTensor) or t.device.type == "meta"
 
 

@@ -160,3 +160,17 @@ def test_attn2_window_pages_before_the_window_are_not_needed():
     b.page_table[0, :5] = -1                                # keys 0..79
     out = muse_ops.attn2(y, cache, b.page_table, b.seq_lens, q_len=8, window=64, scale=0.68, max_seq_len=4096)
     assert torch.isfinite(out.float()).all()
+
+
+def test_eager_calls_bypass_the_dispatcher_only_when_nothing_traces(attn_case):
+    """Plain eager calls run the op body directly (host overhead); fake tensors, grad-requiring
+    inputs and traced calls go through the registered op, and both give the same bits."""
+    from muse_ops.ops import _plain_eager
+    y, cache, b = attn_case
+    assert _plain_eager(y, cache, b.page_table, b.seq_lens, None)
+    assert not _plain_eager(y.clone().requires_grad_(False), cache, torch.ones(1, requires_grad=True))
+    with FakeTensorMode() as mode:
+        assert not _plain_eager(mode.from_tensor(y))
+    direct = muse_ops.attn2(y, cache, b.page_table, b.seq_lens, **ATTN_KW)
+    via_op = torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, None, **ATTN_KW)
+    assert torch.equal(direct.view(torch.int16), via_op.view(torch.int16))

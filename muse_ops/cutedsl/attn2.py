@@ -56,6 +56,7 @@ clusters/DSMEM; simpler, and the merge is small because splits are capped):
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -595,7 +596,15 @@ _CACHE: dict = {}
 
 
 def _config(q_len: int, window: int, max_seq_len: int, **over) -> "Attn2Config":
-    return Attn2Config.create(q_len, window, max_seq_len, **over)
+    if over:
+        return Attn2Config.create(q_len, window, max_seq_len, **over)
+    return _default_config(q_len, window, max_seq_len)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_config(q_len: int, window: int, max_seq_len: int) -> "Attn2Config":
+    """The deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
+    return Attn2Config.create(q_len, window, max_seq_len)
 
 
 def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
