@@ -62,18 +62,7 @@ def fa4_version() -> str | None:
 
 def muse_backends(device, op: str, **variant) -> dict:
     import muse_ops
-    try:
-        return muse_ops.available_backends(device, op=op, **variant)
-    except TypeError:
-        return muse_ops.available_backends(device)
-
-
-def make_workspace(device, r, kvh, q_len, window, max_seq_len, backend):
-    import muse_ops
-    try:
-        return muse_ops.attn2_workspace(device, r, kvh, q_len, window, max_seq_len)
-    except TypeError:
-        return muse_ops.attn2_workspace(device, r, kvh, q_len, window, max_seq_len, backend)
+    return muse_ops.available_backends(device, op=op, **variant)
 
 
 def fa_layout(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,12 +88,9 @@ def build_attn2_contender(name: str, inp: Attn2Inputs, device):
                                 max_seq_len=c.max_seq_len).get(backend, (False, "unknown backend"))
         if not ok:
             raise Absent(why)
-        ws = make_workspace(device, c.batch, c.kv_heads, c.q_len, c.window, c.max_seq_len, backend)
-        if backend == "cutedsl":
-            try:
-                muse_ops.prepare(c.kv_heads, c.q_len, c.window, c.max_seq_len, device)
-            except Exception:
-                pass
+        ws = muse_ops.attn2_workspace(device, c.batch, c.kv_heads, c.q_len, c.window, c.max_seq_len)
+        if backend == "cutedsl":  # compile outside the timing
+            muse_ops.prepare(c.kv_heads, c.q_len, c.window, c.max_seq_len, device)
 
         def fn(i):
             return muse_ops.attn2(inp.ys[i], inp.kv_cache, inp.page_tables[i], inp.seq_lens, q_len=c.q_len,
