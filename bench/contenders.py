@@ -131,18 +131,21 @@ def build_attn2_contender(name: str, inp: Attn2Inputs, device):
     raise Absent(f"unknown contender {name}")
 
 
-def _fresh_dynamo() -> None:
-    """Each case compiles its own step at its own static shapes; without a reset the shared code
-    object of `step` reaches dynamo's recompile limit after 8 cases (fullgraph then fails)."""
+def _flex_api():
+    """torch's flex_attention module, after a dynamo reset: each case compiles its own step at its
+    own static shapes, and without the reset the shared code object of `step` reaches dynamo's
+    recompile limit after 8 cases (fullgraph then fails)."""
     torch._dynamo.reset()
+    try:
+        import torch.nn.attention.flex_attention as flex
+    except Exception as exc:
+        raise Absent(f"flex_attention not importable ({exc})")
+    return flex
 
 
 def _flex_paged(inp: Attn2Inputs, device):
-    _fresh_dynamo()
-    try:
-        from torch.nn.attention.flex_attention import BlockMask, flex_attention
-    except Exception as exc:
-        raise Absent(f"flex_attention not importable ({exc})")
+    flex = _flex_api()
+    BlockMask, flex_attention = flex.BlockMask, flex.flex_attention
     c = inp.case
     hq, kvh, ql, W = GROUP * c.kv_heads, c.kv_heads, c.q_len, c.window
     pool = inp.kv_cache.shape[0]
@@ -221,11 +224,8 @@ def _norm_gate_torch(o, y, B, ql, hq, kvh):
 def _flex_contig(inp: Attn2Inputs, device):
     """Flex on contiguous per-request K/V [B, Hkv, Lmax, 64] (each set gathered from its pages
     beforehand): no paging cost at all, an optimistic bound for Flex (DESIGN.md's Flex numbers)."""
-    _fresh_dynamo()
-    try:
-        from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
-    except Exception as exc:
-        raise Absent(f"flex_attention not importable ({exc})")
+    flex = _flex_api()
+    BlockMask, create_block_mask, flex_attention = flex.BlockMask, flex.create_block_mask, flex.flex_attention
     c = inp.case
     hq, kvh, ql, W = GROUP * c.kv_heads, c.kv_heads, c.q_len, c.window
     B = c.batch
