@@ -98,6 +98,7 @@ class Attn2Config:
     min_steps: int    # fewest ring steps per split
     stages: int       # cp.async ring depth
     pt_max: int = 0   # page-table entries of one split kept in smem
+    min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
 
     @property
     def mr(self):      # real query rows per (request, KV head)
@@ -117,7 +118,8 @@ class Attn2Config:
 
     @staticmethod
     def create(q_len: int, window: int, max_seq_len: int, s_max: int | None = None,
-               min_steps: int | None = None, stages: int | None = None) -> "Attn2Config":
+               min_steps: int | None = None, stages: int | None = None,
+               min_blocks: int = 0) -> "Attn2Config":
         if q_len == 8:
             # A split's partial (64 rows x 66 fp32, ~17 KB) costs about 4 pages of traffic and the
             # last arriver reads all of them: at least 8 steps (16 pages) per split, 16 (32 pages)
@@ -137,7 +139,7 @@ class Attn2Config:
         s_max = max(1, min(s_max, (steps + min_steps - 1) // min_steps))
         sps_max = max(min_steps, (steps + s_max - 1) // s_max) + 1
         return Attn2Config(q_len, window, max_seq_len, s_max, min_steps,
-                           d_st if stages is None else stages, sps_max * sp)
+                           d_st if stages is None else stages, sps_max * sp, min_blocks)
 
 
 def _split_plan(cfg: Attn2Config, L: int) -> tuple[int, int, int]:
@@ -254,8 +256,11 @@ if _IMPORT_ERROR is None:
                      stream: cuda.CUstream):
             R = mSeq.shape[0]
             hkv = mCache.shape[1]
+            occ = {}
+            if const_expr(self.cfg.min_blocks > 0):
+                occ = dict(min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)
             self.kernel(mY, mCache, mPT, mSeq, mOut, mWs, mErr, scale * LOG2E, max_seq_len).launch(
-                grid=(self.S_MAX, hkv, R), block=(THREADS, 1, 1), stream=stream)
+                grid=(self.S_MAX, hkv, R), block=(THREADS, 1, 1), stream=stream, **occ)
 
         @cute.kernel
         def kernel(self, mY: cute.Tensor, mCache: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
@@ -611,7 +616,7 @@ def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
     """cute.compile one variant against fake tensors (CPU or GPU), TVM-FFI env stream."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"cutlass DSL not importable: {_IMPORT_ERROR}")
-    key = (cfg.q_len, cfg.window, cfg.s_max, cfg.min_steps, cfg.stages, cfg.pt_max, extra_options)  # max_seq_len is run time
+    key = (cfg.q_len, cfg.window, cfg.s_max, cfg.min_steps, cfg.stages, cfg.pt_max, cfg.min_blocks, extra_options)  # max_seq_len is run time
     fn = _CACHE.get(key)
     if fn is not None:
         return fn

@@ -7,11 +7,10 @@ from muse_ops.cutedsl import attn2 as A
 from muse_ops.reference import attn2_ref
 from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, counters_zero, SCALE
 
-what = set(sys.argv[1:]) or {"check", "bench"}
 dev = "cuda"
-print(torch.cuda.get_device_name(), A.can_implement(torch.device("cuda"), 2, 8, 0, 1 << 17), flush=True)
 
-if "check" in what:
+
+def run_checks():
     t0 = time.time()
     for q_len in (8, 1):
         for window in (0, 2048):
@@ -86,7 +85,10 @@ def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=
     return us, floor, pool_bytes
 
 
-if "bench" in what or "tune" in what:
+def main(what):
+    print(torch.cuda.get_device_name(), A.can_implement(torch.device("cuda"), 2, 8, 0, 1 << 17), flush=True)
+    if "check" in what:
+        run_checks()
     cases = [(1, 512, 0), (1, 8192, 0), (8, 2048, 0), (32, 4096, 0), (64, 8192, 0), (128, 16384, 0),
              (16, 65536, 0), (64, 8192, 2048), (128, 16384, 2048), (1, 131072, 0)]
     if "bench" in what:
@@ -106,3 +108,7 @@ if "bench" in what or "tune" in what:
             for (B, L, W) in [(1, 8192, 0), (64, 8192, 0), (16, 65536, 0)]:
                 us, fl, by = bench_case(B, L, W, over=over)
                 print(f"TUNE {str(over):32s} {str((B, L, W)):22s} {us:8.2f} floor {fl:8.2f} ratio {us/fl:6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(set(sys.argv[1:]) or {"check", "bench"})
