@@ -110,9 +110,8 @@ def check_close(out, ref):
 
 
 def counters_zero(A, ws, R, hkv, q_len, window, max_seq_len):
-    cfg = A._config(q_len, window, max_seq_len)
-    off = 4 * R * hkv * cfg.s_max * cfg.mr * (HEAD_DIM + 2)
-    return int(ws[off:off + 4 * R * hkv].view(torch.int32).abs().sum()) == 0
+    off, n_cnt, _ = A.workspace_layout(A._config(q_len, window, max_seq_len), R, hkv)
+    return int(ws[off:off + 4 * n_cnt].view(torch.int32).abs().sum()) == 0
 
 
 # ----------------------------------------------------------------------------- tests

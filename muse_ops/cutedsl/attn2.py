@@ -94,11 +94,16 @@ class Attn2Config:
     q_len: int
     window: int
     max_seq_len: int
-    s_max: int        # most splits of one request (grid x)
-    min_steps: int    # fewest ring steps per split
+    cs: int           # CTAs per cluster: their partials merge over DSMEM
+    cl_max: int       # most clusters of one (request, KV head); grid x = cs * cl_max
+    min_steps: int    # fewest ring steps per CTA before the cluster count reaches cl_max
     stages: int       # cp.async ring depth
-    pt_max: int = 0   # page-table entries of one split kept in smem
+    pt_max: int = 0   # page-table entries of one CTA kept in smem
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
+
+    @property
+    def s_max(self):   # most split CTAs of one (request, KV head)
+        return self.cs * self.cl_max
 
     @property
     def mr(self):      # real query rows per (request, KV head)
@@ -116,41 +121,56 @@ class Attn2Config:
     def sp(self):      # pages per step
         return 2 * self.wk
 
+    @property
+    def rows_per_rank(self):   # query rows each CTA of a cluster merges and writes
+        return max(1, self.mr // self.cs)
+
     @staticmethod
-    def create(q_len: int, window: int, max_seq_len: int, s_max: int | None = None,
-               min_steps: int | None = None, stages: int | None = None,
-               min_blocks: int = 0) -> "Attn2Config":
+    def create(q_len: int, window: int, max_seq_len: int, cs: int | None = None,
+               cl_max: int | None = None, min_steps: int | None = None, stages: int | None = None,
+               min_blocks: int | None = None) -> "Attn2Config":
         if q_len == 8:
-            # A split's partial (64 rows x 66 fp32, ~17 KB) costs about 4 pages of traffic and the
-            # last arriver reads all of them: at least 8 steps (16 pages) per split, 16 (32 pages)
-            # on a window layer, whose ~129 visible pages otherwise become 16 short splits whose
-            # partials rival the KV bytes (measured 87 us vs FA4's 40 at B=64, W=2048).
-            d_smax, d_min, d_st = 16, (16 if window > 0 else 8), 4
+            # 8-CTA clusters: a request of 8k keys spreads over 64 CTAs per KV head (the B=1 case
+            # needs the SMs), yet only one ~17 KB partial per cluster goes through global memory.
+            d = dict(cs=8, cl_max=8, min_steps=4, stages=4, min_blocks=4)
         else:
-            d_smax, d_min, d_st = 32, 2, 3
+            d = dict(cs=8, cl_max=4, min_steps=2, stages=3, min_blocks=0)
+        for k, v in dict(cs=cs, cl_max=cl_max, min_steps=min_steps, stages=stages, min_blocks=min_blocks).items():
+            if v is not None:
+                d[k] = v
         sp = 2 * (WARPS // max(1, q_len * GROUP // 16))
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE + 2
         else:
             vis_pages = (max_seq_len + PAGE - 1) // PAGE
         steps = (vis_pages + sp - 1) // sp
-        s_max = d_smax if s_max is None else s_max
-        min_steps = d_min if min_steps is None else min_steps
-        s_max = max(1, min(s_max, (steps + min_steps - 1) // min_steps))
-        sps_max = max(min_steps, (steps + s_max - 1) // s_max) + 1
-        return Attn2Config(q_len, window, max_seq_len, s_max, min_steps,
-                           d_st if stages is None else stages, sps_max * sp, min_blocks)
+        cl_max = max(1, min(d["cl_max"], (steps + d["cs"] * d["min_steps"] - 1) // (d["cs"] * d["min_steps"])))
+        sps_max = max(d["min_steps"], (steps + cl_max * d["cs"] - 1) // (cl_max * d["cs"])) + 1
+        return Attn2Config(q_len, window, max_seq_len, d["cs"], cl_max, d["min_steps"], d["stages"],
+                           sps_max * sp, d["min_blocks"])
 
 
-def _split_plan(cfg: Attn2Config, L: int) -> tuple[int, int, int]:
-    """(first_page, n_splits, steps_per_split) of a request of length L (host mirror of the kernel)."""
+def _split_plan(cfg: Attn2Config, L: int) -> tuple[int, int, int, int]:
+    """(first_page, n_steps, n_clusters, steps_per_cta) of a request of length L: the host mirror
+    of the kernel's plan. CTA s of the request takes steps [s * sps, (s + 1) * sps) (possibly none)."""
     key_lo = max(0, L - cfg.q_len - cfg.window + 1) if cfg.window > 0 else 0
     first, last = key_lo // PAGE, (L - 1) // PAGE
     steps = (last - first + 1 + cfg.sp - 1) // cfg.sp
-    n = min(cfg.s_max, (steps + cfg.min_steps - 1) // cfg.min_steps)
-    sps = (steps + n - 1) // n
-    n = (steps + sps - 1) // sps
-    return first, n, sps
+    per_cl = cfg.cs * cfg.min_steps
+    n_cl = min(cfg.cl_max, (steps + per_cl - 1) // per_cl)
+    sps = (steps + n_cl * cfg.cs - 1) // (n_cl * cfg.cs)
+    n_cl = (steps + cfg.cs * sps - 1) // (cfg.cs * sps)
+    return first, steps, n_cl, sps
+
+
+def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tuple[int, int, int]:
+    """(byte offset of the arrival counters, number of counters, total bytes) of the workspace:
+    fp32 cluster partials O [R*Hkv*cl_max, mr, 64], then fp32 (m, l) [R*Hkv*cl_max, mr, 2], then
+    one uint32 counter per (request, KV head, cluster rank)."""
+    nslot = num_requests * kv_heads * cfg.cl_max
+    off = 4 * nslot * cfg.mr * (HEAD_DIM + 2)
+    n_cnt = num_requests * kv_heads * cfg.cs
+    return off, n_cnt, (off + 4 * n_cnt + 15) // 16 * 16
 
 
 # ------------------------------------------------------------------------------------ kernel
@@ -171,6 +191,18 @@ if _IMPORT_ERROR is None:
     def _quad_sum(v: Float32) -> Float32:
         v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
         return v + cute.arch.shuffle_sync_bfly(v, offset=2)
+
+    @cute.jit
+    def _ld_dsmem_f32x2(addr: Int32):
+        """Two fp32 at a shared::cluster address (mapa result) of a peer CTA."""
+        return cute.arch.inline_ptx("ld.shared::cluster.v2.f32 {{$w0}, {$w1}}, [{$r0}];",
+                                    write_only_types=[Float32, Float32], read_only_args=[addr])
+
+    @cute.jit
+    def _ld_dsmem_f32x4(addr: Int32):
+        """Four fp32 at a 16-byte aligned shared::cluster address of a peer CTA."""
+        return cute.arch.inline_ptx("ld.shared::cluster.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+                                    write_only_types=[Float32] * 4, read_only_args=[addr])
 
     @cute.jit
     def _issue_step(g2s: cute.TiledCopy, thr_g2s, mCache: cute.Tensor, sPT: cute.Tensor,
@@ -201,9 +233,10 @@ if _IMPORT_ERROR is None:
 
     @cute.jit
     def _epilogue(o: cute.Tensor, gt: cute.Tensor, mOut: cute.Tensor, row_g: Int32,
-                  qcol: Int32, CPT: cutlass.Constexpr[int], TPR: cutlass.Constexpr[int]):
+                  qcol: Int32, active: Int32, CPT: cutlass.Constexpr[int], TPR: cutlass.Constexpr[int]):
         """o: CPT fp32 values of one row (columns qcol..qcol+CPT of the head); writes
-        bf16(sigmoid(gate) * rmsnorm(bf16(o))). The TPR lanes of a row reduce by butterfly."""
+        bf16(sigmoid(gate) * rmsnorm(bf16(o))) if active. The TPR lanes of a row reduce by
+        butterfly (every lane takes part, so inactive lanes compute a duplicate row)."""
         ob = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
         ob.store(o.load().to(BFloat16))
         of = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
@@ -222,7 +255,8 @@ if _IMPORT_ERROR is None:
             res[c] = of[c] * rs * sig
         rb = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
         rb.store(res.load().to(BFloat16))
-        cute.autovec_copy(rb, cute.local_tile(mOut, (1, CPT), (row_g, qcol // CPT))[0, None])
+        if active != 0:
+            cute.autovec_copy(rb, cute.local_tile(mOut, (1, CPT), (row_g, qcol // CPT))[0, None])
 
     class Attn2Sm90:
         """One variant of the attn2 kernel (see the module docstring)."""
@@ -237,12 +271,15 @@ if _IMPORT_ERROR is None:
             self.SP = cfg.sp
             self.M16 = cfg.mt * 16
             self.NST = cfg.stages
-            self.S_MAX = cfg.s_max
+            self.CS = cfg.cs
+            self.CL_MAX = cfg.cl_max
             self.MIN_STEPS = cfg.min_steps
-            self.TPR = THREADS // self.MR     # threads per row in the merge/epilogue
+            self.TPR = THREADS // self.MR     # threads per row in the warp combine
             self.CPT = HEAD_DIM // self.TPR   # columns per thread
+            self.RPR = cfg.rows_per_rank      # rows each cluster rank merges and writes
+            self.TPRM = min(16, THREADS // self.RPR)   # threads per row in the merges / epilogue
+            self.CPTM = HEAD_DIM // self.TPRM
             self.PTMAX = cfg.pt_max
-            self.MERGE_GRP = max(2, 64 // self.CPT)   # splits whose partial rows load together
 
         @cute.jit
         def __call__(self, mY: cute.Tensor,       # bf16 [q_len*R, N]
@@ -259,8 +296,10 @@ if _IMPORT_ERROR is None:
             occ = {}
             if const_expr(self.cfg.min_blocks > 0):
                 occ = dict(min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)
+            if const_expr(self.CS > 1):
+                occ["cluster"] = (self.CS, 1, 1)
             self.kernel(mY, mCache, mPT, mSeq, mOut, mWs, mErr, scale * LOG2E, max_seq_len).launch(
-                grid=(self.S_MAX, hkv, R), block=(THREADS, 1, 1), stream=stream, **occ)
+                grid=(self.CS * self.CL_MAX, hkv, R), block=(THREADS, 1, 1), stream=stream, **occ)
 
         @cute.kernel
         def kernel(self, mY: cute.Tensor, mCache: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
@@ -299,6 +338,7 @@ if _IMPORT_ERROR is None:
             PTMAX = self.PTMAX
             sPT = smem.allocate_tensor(Int32, cute.make_layout(PTMAX), byte_alignment=16)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+            sXm = smem.allocate_tensor(Float32, cute.make_layout((MR, 2), stride=(2, 1)), byte_alignment=16)
 
             L = mSeq[r]
             bad_len = Int32(L < QL) + Int32(L > max_seq_len)
@@ -321,12 +361,17 @@ if _IMPORT_ERROR is None:
                 first_page = key_lo // PAGE
                 last_page = (L - 1) // PAGE
                 n_steps = (last_page - first_page + SP) // SP
-                n_split = cutlass.min(Int32(self.S_MAX), (n_steps + self.MIN_STEPS - 1) // self.MIN_STEPS)
-                sps = (n_steps + n_split - 1) // n_split
-                n_split = (n_steps + sps - 1) // sps
-                if s < n_split:
+                CS = self.CS
+                per_cl = CS * self.MIN_STEPS
+                n_cl = cutlass.min(Int32(self.CL_MAX), (n_steps + per_cl - 1) // per_cl)
+                sps = (n_steps + n_cl * CS - 1) // (n_cl * CS)
+                n_cl = (n_steps + CS * sps - 1) // (CS * sps)     # no cluster without steps
+                cl = s // CS
+                rank = s % CS
+                if cl < n_cl:
+                    # every CTA of a live cluster runs to the cluster barriers, even with no steps
                     k_begin = s * sps
-                    my_steps = cutlass.min(sps, n_steps - k_begin)
+                    my_steps = cutlass.max(cutlass.min(sps, n_steps - k_begin), Int32(0))
                     page_base = first_page + k_begin * SP
 
                     # ---- copies
@@ -485,14 +530,17 @@ if _IMPORT_ERROR is None:
                         cute.copy(ld_vt, thr_ld_vt.partition_S(sVt), thr_ld_vt.retile(tOrVt))
                         cute.gemm(mma, tOrO, tOrP, tOrVt, tOrO)
 
-                    # ---- gate of this thread's (row, columns), issued before the merge so its latency overlaps
-                    row = tidx // TPR
-                    c0 = (tidx % TPR) * CPT
-                    row_g = r * QL + row // GROUP
-                    qcol = (g * GROUP + row % GROUP) * HEAD_DIM + c0
+                    # ---- rows this CTA merges and writes: rank's RPR rows, TPRM threads x CPTM columns each
+                    RPR, TPRM, CPTM = self.RPR, self.TPRM, self.CPTM
+                    m_act = Int32(tidx < RPR * TPRM)
+                    mrow = cutlass.min(rank * RPR + tidx // TPRM, Int32(MR - 1))
+                    cm0 = (tidx % TPRM) * CPTM
+                    row_g = r * QL + mrow // GROUP
+                    qcol = (g * GROUP + mrow % GROUP) * HEAD_DIM + cm0
                     gate_col = (GROUP + 2) * HEAD_DIM * hkv + qcol
-                    gt = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
-                    cute.autovec_copy(cute.local_tile(mY, (1, CPT), (row_g, gate_col // CPT))[0, None], gt)
+                    # gate issued now so its latency overlaps the merges
+                    gt = cute.make_rmem_tensor(cute.make_layout(CPTM), BFloat16)
+                    cute.autovec_copy(cute.local_tile(mY, (1, CPTM), (row_g, gate_col // CPTM))[0, None], gt)
                     cute.arch.cp_async_wait_group(0)
                     cute.arch.sync_threads()      # ring drained and idle: reuse it for sOw
 
@@ -510,7 +558,10 @@ if _IMPORT_ERROR is None:
                         tOsO[i] = tOrO[i]
                     cute.arch.sync_threads()
 
-                    # ---- thread (row, CPT columns): combine the WK warps in order
+                    # ---- thread (row, CPT columns): combine the WK warps in order -> sX = sOw[:, :, 0]
+                    # (each thread reads its own elements before overwriting them), (m, l) -> sXm
+                    row = tidx // TPR
+                    c0 = (tidx % TPR) * CPT
                     acc = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
                     m_c = sMw[row, 0]
                     l_c = sLw[row, 0]
@@ -528,72 +579,107 @@ if _IMPORT_ERROR is None:
                             l_c = l_c + sLw[row, v] * fv
                             for c in cutlass.range_constexpr(CPT):
                                 acc[c] = acc[c] + sOw[row, c0 + c, v] * fv
+                    sX = sOw[None, None, 0]
+                    cute.autovec_copy(acc, cute.local_tile(sX, (1, CPT), (row, tidx % TPR))[0, None])
+                    if tidx % TPR == 0:
+                        sXm[row, 0] = m_c
+                        sXm[row, 1] = l_c
 
-                    if n_split == 1:
-                        inv_l = cute.arch.rcp_approx(l_c)
-                        for c in cutlass.range_constexpr(CPT):
-                            acc[c] = acc[c] * inv_l
-                        _epilogue(acc, gt, mOut, row_g, qcol, CPT, TPR)
+                    # ---- merge the cluster's CS partials of my rows, in rank order (DSMEM)
+                    om = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
+                    m_g = Float32(NEG_BIG)
+                    l_g = Float32(0.0)
+                    if const_expr(CS == 1):
+                        cute.arch.sync_threads()
+                        m_g = sXm[mrow, 0]
+                        l_g = sXm[mrow, 1]
+                        cute.autovec_copy(cute.local_tile(sX, (1, CPTM), (mrow, tidx % TPRM))[0, None], om)
                     else:
-                        # ---- partial -> workspace; ticket; the last arriver merges in split order
-                        nslot = R * hkv * self.S_MAX
+                        cute.arch.cluster_arrive()       # release my sX / sXm to the cluster
+                        cute.arch.cluster_wait()
+                        mj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
+                        lj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
+                        oj = cute.make_rmem_tensor(cute.make_layout((CPTM, CS), stride=(1, CPTM)), Float32)
+                        xo = mrow * HEAD_DIM + cm0
+                        for j in cutlass.range_constexpr(CS):
+                            a_ml = cute.arch.map_dsmem_ptr(sXm.iterator + 2 * mrow, Int32(j)).toint()
+                            mj[j], lj[j] = _ld_dsmem_f32x2(a_ml)
+                            a_o = cute.arch.map_dsmem_ptr(sX.iterator + xo, Int32(j)).toint()
+                            for q in cutlass.range_constexpr(CPTM // 4):
+                                oj[4 * q, j], oj[4 * q + 1, j], oj[4 * q + 2, j], oj[4 * q + 3, j] = \
+                                    _ld_dsmem_f32x4(a_o + 16 * q)
+                        m_g = mj[0]
+                        for j in cutlass.range_constexpr(1, CS):
+                            m_g = cute.arch.fmax(m_g, mj[j])
+                        for c in cutlass.range_constexpr(CPTM):
+                            om[c] = 0.0
+                        for j in cutlass.range_constexpr(CS):
+                            fj = cute.math.exp2(mj[j] - m_g, fastmath=True)
+                            l_g = l_g + lj[j] * fj
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = om[c] + oj[c, j] * fj
+                        cute.arch.cluster_arrive()       # peers are done reading my smem before I go on
+                        cute.arch.cluster_wait()
+
+                    if n_cl == 1:
+                        inv_l = cute.arch.rcp_approx(l_g)
+                        for c in cutlass.range_constexpr(CPTM):
+                            om[c] = om[c] * inv_l
+                        _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)
+                    else:
+                        # ---- cluster partial -> workspace; ticket per (request, KV head, rank); the
+                        # last arriving cluster's CTA of this rank merges the n_cl partials in order
+                        CL_MAX = self.CL_MAX
+                        nslot = R * hkv * CL_MAX
                         wsf = cute.recast_ptr(mWs.iterator, dtype=Float32)
                         gWO = cute.make_tensor(wsf, cute.make_layout((nslot, MR, HEAD_DIM),
                                                                      stride=(MR * HEAD_DIM, HEAD_DIM, 1)))
                         gWM = cute.make_tensor(wsf + nslot * MR * HEAD_DIM,
                                                cute.make_layout((nslot, MR, 2), stride=(MR * 2, 2, 1)))
-                        cnt_ptr = cute.recast_ptr(wsf + nslot * MR * (HEAD_DIM + 2), dtype=Uint32) + (r * hkv + g)
-                        slot0 = (r * hkv + g) * self.S_MAX
-                        cute.autovec_copy(acc, cute.local_tile(gWO[slot0 + s, None, None], (1, CPT), (row, tidx % TPR))[0, None])
-                        if tidx % TPR == 0:
-                            gWM[slot0 + s, row, 0] = m_c
-                            gWM[slot0 + s, row, 1] = l_c
+                        cnt_ptr = cute.recast_ptr(wsf + nslot * MR * (HEAD_DIM + 2), dtype=Uint32) + ((r * hkv + g) * CS + rank)
+                        slot0 = (r * hkv + g) * CL_MAX
+                        if m_act != 0:
+                            cute.autovec_copy(om, cute.local_tile(gWO[slot0 + cl, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None])
+                            if tidx % TPRM == 0:
+                                gWM[slot0 + cl, mrow, 0] = m_g
+                                gWM[slot0 + cl, mrow, 1] = l_g
                         cute.arch.fence_acq_rel_gpu()
                         cute.arch.sync_threads()
                         if tidx == 0:
                             old = cute.arch.atomic_add(cnt_ptr, Uint32(1), sem="acq_rel", scope="gpu")
-                            last = Int32(old == Uint32(n_split - 1))
+                            last = Int32(old == Uint32(n_cl - 1))
                             sFlag[0] = last
                             if last != 0:
                                 cute.arch.atomic_exch(cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
                         cute.arch.sync_threads()
                         if sFlag[0] != 0:
                             cute.arch.fence_acq_rel_gpu()
-                            # independent (clamped) loads; splits >= n_split get weight 0 (x + 0 = x)
-                            S_MAX = self.S_MAX
-                            mj = cute.make_rmem_tensor(cute.make_layout(S_MAX), Float32)
-                            lj = cute.make_rmem_tensor(cute.make_layout(S_MAX), Float32)
-                            for j in cutlass.range_constexpr(S_MAX):
-                                jj = cutlass.min(Int32(j), n_split - 1)
-                                mj[j] = gWM[slot0 + jj, row, 0]
-                                lj[j] = gWM[slot0 + jj, row, 1]
-                            mg = mj[0]
-                            for j in cutlass.range_constexpr(1, S_MAX):
-                                mg = cute.arch.fmax(mg, mj[j])
+                            # independent (clamped) loads; clusters >= n_cl get weight 0 (x + 0 = x)
+                            mk = cute.make_rmem_tensor(cute.make_layout(CL_MAX), Float32)
+                            lk = cute.make_rmem_tensor(cute.make_layout(CL_MAX), Float32)
+                            ok = cute.make_rmem_tensor(cute.make_layout((CPTM, CL_MAX), stride=(1, CPTM)), Float32)
+                            for k in cutlass.range_constexpr(CL_MAX):
+                                kk = cutlass.min(Int32(k), n_cl - 1)
+                                mk[k] = gWM[slot0 + kk, mrow, 0]
+                                lk[k] = gWM[slot0 + kk, mrow, 1]
+                                cute.autovec_copy(cute.local_tile(gWO[slot0 + kk, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None], ok[None, k])
+                            mg = mk[0]
+                            for k in cutlass.range_constexpr(1, CL_MAX):
+                                mg = cute.arch.fmax(mg, mk[k])
                             lg = Float32(0.0)
-                            for j in cutlass.range_constexpr(S_MAX):
-                                fj = cute.math.exp2(mj[j] - mg, fastmath=True)
-                                if const_expr(j > 0):
-                                    fj = fj * Float32(j < n_split)
-                                mj[j] = fj
-                                lg = lg + lj[j] * fj
-                            for c in cutlass.range_constexpr(CPT):
-                                acc[c] = 0.0
-                            GRP = self.MERGE_GRP
-                            part = cute.make_rmem_tensor(cute.make_layout((CPT, GRP), stride=(1, CPT)), Float32)
-                            for jg in cutlass.range((n_split + GRP - 1) // GRP, unroll=1):
-                                for u in cutlass.range_constexpr(GRP):
-                                    jj = cutlass.min(jg * GRP + u, n_split - 1)
-                                    cute.autovec_copy(cute.local_tile(gWO[slot0 + jj, None, None], (1, CPT), (row, tidx % TPR))[0, None], part[None, u])
-                                for u in cutlass.range_constexpr(GRP):
-                                    j = jg * GRP + u
-                                    fj = mj[cutlass.min(j, Int32(S_MAX - 1))] * Float32(j < n_split)
-                                    for c in cutlass.range_constexpr(CPT):
-                                        acc[c] = acc[c] + part[c, u] * fj
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = 0.0
+                            for k in cutlass.range_constexpr(CL_MAX):
+                                fk = cute.math.exp2(mk[k] - mg, fastmath=True)
+                                if const_expr(k > 0):
+                                    fk = fk * Float32(k < n_cl)
+                                lg = lg + lk[k] * fk
+                                for c in cutlass.range_constexpr(CPTM):
+                                    om[c] = om[c] + ok[c, k] * fk
                             inv_l = cute.arch.rcp_approx(lg)
-                            for c in cutlass.range_constexpr(CPT):
-                                acc[c] = acc[c] * inv_l
-                            _epilogue(acc, gt, mOut, row_g, qcol, CPT, TPR)
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = om[c] * inv_l
+                            _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)
 
 
 # ------------------------------------------------------------------------------------ host
@@ -616,7 +702,7 @@ def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
     """cute.compile one variant against fake tensors (CPU or GPU), TVM-FFI env stream."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"cutlass DSL not importable: {_IMPORT_ERROR}")
-    key = (cfg.q_len, cfg.window, cfg.s_max, cfg.min_steps, cfg.stages, cfg.pt_max, cfg.min_blocks, extra_options)  # max_seq_len is run time
+    key = (cfg.q_len, cfg.window, cfg.cs, cfg.cl_max, cfg.min_steps, cfg.stages, cfg.pt_max, cfg.min_blocks, extra_options)  # max_seq_len is run time
     fn = _CACHE.get(key)
     if fn is not None:
         return fn
@@ -668,10 +754,7 @@ def prepare(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> None:
 
 
 def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
-    cfg = _config(q_len, window, max_seq_len)
-    nslot = num_requests * kv_heads * cfg.s_max
-    n = 4 * (nslot * cfg.mr * (HEAD_DIM + 2) + num_requests * kv_heads)
-    return (n + 15) // 16 * 16
+    return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
@@ -681,8 +764,7 @@ def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, 
     R = seq_lens.shape[0]
     if R == 0:
         return
-    need = workspace_bytes(R, kv_cache.shape[1], q_len, window, max_seq_len) if not _cfg_override else \
-        (4 * (R * kv_cache.shape[1] * cfg.s_max * cfg.mr * (HEAD_DIM + 2) + R * kv_cache.shape[1]) + 15) // 16 * 16
+    need = workspace_layout(cfg, R, kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {R} requests, got {workspace.numel()}")
     fn = compile_attn2(cfg)

@@ -60,7 +60,7 @@ def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=
     y = torch.randn(q_len * B, 1152 * hkv, device=dev).to(torch.bfloat16)
     out = torch.empty(q_len * B, 512 * hkv, device=dev, dtype=torch.bfloat16)
     cfg = A._config(q_len, window, msl, **(over or {}))
-    ws = torch.zeros((4 * (B * hkv * cfg.s_max * cfg.mr * 66 + B * hkv) + 15) // 16 * 16, dtype=torch.uint8, device=dev)
+    ws = torch.zeros(A.workspace_layout(cfg, B, hkv)[2], dtype=torch.uint8, device=dev)
     err = torch.zeros(1, dtype=torch.int32, device=dev)
     kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl, _cfg_override=over or {})
     for c, p in pools:
@@ -104,10 +104,13 @@ def main(what):
             us, fl, by = bench_case(B, L, W, q_len=1)
             print(f"BENCH q_len1 {str((B, L, W)):15s} {us:8.2f} {fl:8.2f} {us/fl:6.2f}  {by/1e6:.1f}", flush=True)
     if "tune" in what:
-        for over in [dict(s_max=32), dict(s_max=64), dict(s_max=8), dict(stages=12), dict(stages=4)]:
-            for (B, L, W) in [(1, 8192, 0), (64, 8192, 0), (16, 65536, 0)]:
+        # TUNE_VARIANTS / TUNE_CASES: python literals (lists of config overrides / (B, L, W) cases)
+        variants = eval(os.environ.get("TUNE_VARIANTS", "[{}]"))
+        tcases = eval(os.environ.get("TUNE_CASES", "None")) or cases
+        for (B, L, W) in tcases:
+            for over in variants:
                 us, fl, by = bench_case(B, L, W, over=over)
-                print(f"TUNE {str(over):32s} {str((B, L, W)):22s} {us:8.2f} floor {fl:8.2f} ratio {us/fl:6.2f}", flush=True)
+                print(f"TUNE {str((B, L, W)):20s} {str(over):48s} {us:8.2f} floor {fl:7.2f} ratio {us/fl:5.2f}", flush=True)
 
 
 if __name__ == "__main__":
