@@ -450,6 +450,7 @@ if _IMPORT_ERROR is None:
                     row_sum = cute.make_rmem_tensor(cute.make_layout(2), Float32)
                     row_max.fill(NEG_BIG)
                     row_sum.fill(0.0)
+                    corr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
 
                     # visible keys of token t: [lo_t, pos_t]; every row of the CTA sees [lo_all, pos_min]
                     pos0 = L - QL
@@ -476,9 +477,7 @@ if _IMPORT_ERROR is None:
                         tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKt))
                         cute.copy(ld_k, thr_ld_k.partition_S(sKt), thr_ld_k.retile(tSrK))
                         tSrS.fill(0.0)
-                        cute.gemm(mma, tSrS, tSrQ, tSrK, tSrS)
-                        for i in cutlass.range_constexpr(cute.size(tSrS)):
-                            tSrS[i] = tSrS[i] * scale_log2
+                        cute.gemm(mma, tSrS, tSrQ, tSrK, tSrS)     # raw logits; scale folded into the exp
 
                         # ---- masks on edge steps only
                         kbase = (page_base + k * SP + 2 * kg) * PAGE
@@ -502,25 +501,31 @@ if _IMPORT_ERROR is None:
                                 if msk != 0:
                                     tSrS[i] = -math.inf
 
-                        # ---- online softmax (base 2), rows h = 0 (lane//4) and 1 (lane//4 + 8)
+                        # ---- online softmax (base 2), rows h = 0 (lane//4) and 1 (lane//4 + 8).
+                        # m is kept scaled (scale * log2 e > 0, so max commutes with it) and
+                        # p = ex2(fma(s, scale_log2, -m)): one FFMA + MUFU per logit. O is rescaled
+                        # only when a row max of the warp moved: x * 1.0 == x, so skipping is exact.
+                        moved = Int32(0)
                         for h in cutlass.range_constexpr(2):
-                            mx = row_max[h]
+                            mx = tSrS[2 * h]
                             for i in cutlass.range_constexpr(cute.size(tSrS)):
-                                if const_expr((i // 2) % 2 == h):
+                                if const_expr((i // 2) % 2 == h and i != 2 * h):
                                     mx = cute.arch.fmax(mx, tSrS[i])
-                            mx = _quad_max(mx)
-                            corr = cute.math.exp2(row_max[h] - mx, fastmath=True)
+                            mx = cute.arch.fmax(row_max[h], _quad_max(mx) * scale_log2)
+                            moved = moved + Int32(mx != row_max[h])
+                            corr[h] = cute.math.exp2(row_max[h] - mx, fastmath=True)
                             row_max[h] = mx
+                            neg_m = -mx
                             psum = Float32(0.0)
                             for i in cutlass.range_constexpr(cute.size(tSrS)):
                                 if const_expr((i // 2) % 2 == h):
-                                    p = cute.math.exp2(tSrS[i] - mx, fastmath=True)
+                                    p = cute.math.exp2(cute.math.fma(tSrS[i], scale_log2, neg_m), fastmath=True)
                                     tSrS[i] = p
                                     psum = psum + p
-                            row_sum[h] = row_sum[h] * corr + psum
+                            row_sum[h] = row_sum[h] * corr[h] + psum
+                        if cute.arch.vote_any_sync(moved != 0):
                             for i in cutlass.range_constexpr(cute.size(tOrO)):
-                                if const_expr((i // 2) % 2 == h):
-                                    tOrO[i] = tOrO[i] * corr
+                                tOrO[i] = tOrO[i] * corr[(i // 2) % 2]
 
                         # ---- P -> bf16 A fragment in registers; O += P V
                         for q in cutlass.range_constexpr(cute.size(tOrP32)):
@@ -657,25 +662,34 @@ if _IMPORT_ERROR is None:
                             # independent (clamped) loads; clusters >= n_cl get weight 0 (x + 0 = x)
                             mk = cute.make_rmem_tensor(cute.make_layout(CL_MAX), Float32)
                             lk = cute.make_rmem_tensor(cute.make_layout(CL_MAX), Float32)
-                            ok = cute.make_rmem_tensor(cute.make_layout((CPTM, CL_MAX), stride=(1, CPTM)), Float32)
                             for k in cutlass.range_constexpr(CL_MAX):
                                 kk = cutlass.min(Int32(k), n_cl - 1)
                                 mk[k] = gWM[slot0 + kk, mrow, 0]
                                 lk[k] = gWM[slot0 + kk, mrow, 1]
-                                cute.autovec_copy(cute.local_tile(gWO[slot0 + kk, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None], ok[None, k])
                             mg = mk[0]
                             for k in cutlass.range_constexpr(1, CL_MAX):
                                 mg = cute.arch.fmax(mg, mk[k])
                             lg = Float32(0.0)
-                            for c in cutlass.range_constexpr(CPTM):
-                                om[c] = 0.0
                             for k in cutlass.range_constexpr(CL_MAX):
                                 fk = cute.math.exp2(mk[k] - mg, fastmath=True)
                                 if const_expr(k > 0):
                                     fk = fk * Float32(k < n_cl)
+                                mk[k] = fk
                                 lg = lg + lk[k] * fk
-                                for c in cutlass.range_constexpr(CPTM):
-                                    om[c] = om[c] + ok[c, k] * fk
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = 0.0
+                            # partial rows in groups of GRP (<= 32 floats in flight per thread)
+                            GRP = max(1, min(CL_MAX, 32 // CPTM))
+                            ok = cute.make_rmem_tensor(cute.make_layout((CPTM, GRP), stride=(1, CPTM)), Float32)
+                            for kg0 in cutlass.range_constexpr(0, CL_MAX, GRP):
+                                if kg0 < n_cl:
+                                    for u in cutlass.range_constexpr(GRP):
+                                        kk = cutlass.min(Int32(kg0 + u), n_cl - 1)
+                                        cute.autovec_copy(cute.local_tile(gWO[slot0 + kk, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None], ok[None, u])
+                                    for u in cutlass.range_constexpr(GRP):
+                                        if const_expr(kg0 + u < CL_MAX):
+                                            for c in cutlass.range_constexpr(CPTM):
+                                                om[c] = om[c] + ok[c, u] * mk[kg0 + u]
                             inv_l = cute.arch.rcp_approx(lg)
                             for c in cutlass.range_constexpr(CPTM):
                                 om[c] = om[c] * inv_l
