@@ -130,9 +130,13 @@ class Attn2Config:
                cl_max: int | None = None, min_steps: int | None = None, stages: int | None = None,
                min_blocks: int | None = None) -> "Attn2Config":
         if q_len == 8:
-            # 8-CTA clusters: a request of 8k keys spreads over 64 CTAs per KV head (the B=1 case
-            # needs the SMs), yet only one ~17 KB partial per cluster goes through global memory.
-            d = dict(cs=8, cl_max=8, min_steps=16, stages=4, min_blocks=4)
+            # Pairs of CTAs (32 rows each in the merge), >= 32 steps (64 pages) per CTA, up to 64
+            # CTAs per (request, KV head). Measured on the H200 (B=64 L=8192 / B=128 W=2048 / B=1
+            # L=8192, us): cs 8 min_steps 4: 248 / 179 / 12.1; cs 8 min_steps 16: 135 / 88 / 15.3;
+            # cs 2 min_steps 32: 109 / 71 / (fewer CTAs). Short-lived CTAs pay their start (seq_len
+            # -> page table -> first KV: three dependent loads) and end (cluster barrier, merge)
+            # without streaming; big clusters also wait on their slowest CTA.
+            d = dict(cs=2, cl_max=32, min_steps=32, stages=4, min_blocks=4)
         else:
             d = dict(cs=8, cl_max=4, min_steps=2, stages=3, min_blocks=0)
         for k, v in dict(cs=cs, cl_max=cl_max, min_steps=min_steps, stages=stages, min_blocks=min_blocks).items():
@@ -661,37 +665,37 @@ if _IMPORT_ERROR is None:
                                 cute.arch.atomic_exch(cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
                         cute.arch.sync_threads()     # the ticket's acquire (thread 0) -> every thread
                         if sFlag[0] != 0:
-                            # independent (clamped) loads; clusters >= n_cl get weight 0 (x + 0 = x)
-                            mk = cute.make_rmem_tensor(cute.make_layout(CL_MAX), Float32)
-                            lk = cute.make_rmem_tensor(cute.make_layout(CL_MAX), Float32)
-                            for k in cutlass.range_constexpr(CL_MAX):
-                                kk = cutlass.min(Int32(k), n_cl - 1)
-                                mk[k] = gWM[slot0 + kk, mrow, 0]
-                                lk[k] = gWM[slot0 + kk, mrow, 1]
-                            mg = mk[0]
-                            for k in cutlass.range_constexpr(1, CL_MAX):
-                                mg = cute.arch.fmax(mg, mk[k])
-                            lg = Float32(0.0)
-                            for k in cutlass.range_constexpr(CL_MAX):
-                                fk = cute.math.exp2(mk[k] - mg, fastmath=True)
-                                if const_expr(k > 0):
-                                    fk = fk * Float32(k < n_cl)
-                                mk[k] = fk
-                                lg = lg + lk[k] * fk
-                            for c in cutlass.range_constexpr(CPTM):
-                                om[c] = 0.0
-                            # partial rows in groups of GRP (<= 32 floats in flight per thread)
+                            # two passes over the n_cl partials of my rows, loads in independent
+                            # groups (indices clamped, clusters >= n_cl weighted 0: x + 0 = x):
+                            # the max of m, then l and O summed in cluster order
+                            GM = min(CL_MAX, 8)
+                            mbuf = cute.make_rmem_tensor(cute.make_layout(GM), Float32)
+                            mg = gWM[slot0, mrow, 0]
+                            for kg0 in cutlass.range_constexpr(0, CL_MAX, GM):
+                                if kg0 < n_cl:
+                                    for u in cutlass.range_constexpr(GM):
+                                        mbuf[u] = gWM[slot0 + cutlass.min(Int32(kg0 + u), n_cl - 1), mrow, 0]
+                                    for u in cutlass.range_constexpr(GM):
+                                        mg = cute.arch.fmax(mg, mbuf[u])
                             GRP = max(1, min(CL_MAX, 32 // CPTM))
                             ok = cute.make_rmem_tensor(cute.make_layout((CPTM, GRP), stride=(1, CPTM)), Float32)
+                            mlk = cute.make_rmem_tensor(cute.make_layout((2, GRP), stride=(1, 2)), Float32)
+                            lg = Float32(0.0)
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = 0.0
                             for kg0 in cutlass.range_constexpr(0, CL_MAX, GRP):
                                 if kg0 < n_cl:
                                     for u in cutlass.range_constexpr(GRP):
                                         kk = cutlass.min(Int32(kg0 + u), n_cl - 1)
+                                        mlk[0, u] = gWM[slot0 + kk, mrow, 0]
+                                        mlk[1, u] = gWM[slot0 + kk, mrow, 1]
                                         cute.autovec_copy(cute.local_tile(gWO[slot0 + kk, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None], ok[None, u])
                                     for u in cutlass.range_constexpr(GRP):
                                         if const_expr(kg0 + u < CL_MAX):
+                                            fk = cute.math.exp2(mlk[0, u] - mg, fastmath=True) * Float32(kg0 + u < n_cl)
+                                            lg = lg + mlk[1, u] * fk
                                             for c in cutlass.range_constexpr(CPTM):
-                                                om[c] = om[c] + ok[c, u] * mk[kg0 + u]
+                                                om[c] = om[c] + ok[c, u] * fk
                             inv_l = cute.arch.rcp_approx(lg)
                             for c in cutlass.range_constexpr(CPTM):
                                 om[c] = om[c] * inv_l
