@@ -12,18 +12,20 @@ Tensors (all contiguous, 16-byte aligned):
     page_table int32 [R, max_pages]            logical page -> physical page
     seq_lens   int32 [R]                       L (includes the q_len new tokens)
     out        bf16  [q_len * R, Hq * 64]
-    workspace  uint8 [workspace_bytes(...)]    fp32 partials, then fp32 (m, l), then uint32 counters
+    workspace  uint8 [workspace_bytes(...)]    fp32 cluster partials, fp32 (m, l), uint32 counters
     error_flag int32 [1]                       |= 1: L outside [q_len, max_seq_len]; |= 2: bad page
 
-Design (departs from seed 000: plain split-KV over CTAs + a global last-arriver merge, no
-clusters/DSMEM; simpler, and the merge is small because splits are capped):
-- Grid (S_MAX, Hkv, R), 128 threads. CTA (s, g, r) owns every query row of request r and KV head
-  g (q_len * 8 rows: token-major, row m = t * 8 + j) and split s of the request's visible pages.
+Design (seed 000's split-KV with a cluster merge, with one split rule for every length instead of
+the seed's one-cluster / split variants):
+- Grid (CS * CL_MAX, Hkv, R), 128 threads, clusters of CS CTAs along x. CTA (s, g, r) owns every
+  query row of request r and KV head g (q_len * 8 rows: token-major, row m = t * 8 + j) and the
+  ring steps [s * sps, (s + 1) * sps) of the request's visible pages; cluster cl = s // CS.
 - Split rule (per request, from its OWN L and the compile-time deployment only): the visible
-  pages [first_page, last_page] are cut into steps of SP pages; n_splits = min(S_MAX,
-  ceil(steps / MIN_STEPS)); steps per split = ceil(steps / n_splits); n_splits re-derived so no
-  split is empty. CTAs with s >= n_splits exit at once. Hence the output bits of a request do
-  not depend on the batch (batch invariance) nor on timing (fixed merge order).
+  pages [first_page, last_page] are cut into steps of SP pages; n_cl = min(CL_MAX,
+  ceil(steps / (CS * MIN_STEPS))) clusters; sps = ceil(steps / (n_cl * CS)); n_cl re-derived so
+  no cluster is empty. Clusters >= n_cl exit at once; a CTA of a live cluster may have no steps
+  and still takes part (an empty partial: m = -1e30, l = 0). Hence the output bits of a request
+  depend neither on the batch (batch invariance) nor on timing (fixed merge orders).
 - q_len 8 (64 rows): warp w owns m-tile w (tokens 2w, 2w+1 x 8 heads); a step is 2 pages (32
   keys) shared by the 4 warps. q_len 1 (8 rows, padded to one m16 tile): the 4 warps split the
   keys of a step of 8 pages (32 keys each) and merge in smem in warp order.
@@ -32,25 +34,34 @@ clusters/DSMEM; simpler, and the merge is small because splits are capped):
   swizzle through a composed layout gave wrong results with the DSL's copy partitions on the
   H200 -- the V fragments read zeros -- so padding it is). S = Q K^T and O += P V on mma.sync m16n8k16 BF16 -> FP32; K via
   ldmatrix, V via ldmatrix.trans; P rounded to BF16 with packed cvt.rn.bf16x2, the C fragment
-  reused as the A fragment in registers; online softmax in base 2 with ex2.approx.ftz
-  (scale * log2 e folded); running max starts at -1e30 (finite) so fully masked tiles need no
-  branch. Masking (causal, window, tail, invalid pages) only on edge steps.
+  reused as the A fragment in registers; online softmax in base 2 with ex2.approx.ftz of
+  fma(s, scale * log2 e, -m); O rescaled only when a row max of the warp moved (x * 1 = x);
+  running max starts at -1e30 (finite) so fully masked tiles need no branch. Masking (causal,
+  window, tail, invalid pages) only on edge steps.
 - Rows >= L of the tail page, pages past the last one and invalid pages are zero-filled in smem
   (0 * NaN would be NaN) and their logits masked.
-- n_splits == 1: the CTA applies norm + gate and writes out. Otherwise it writes (O, m, l) of
-  its rows to the workspace, fence.acq_rel.gpu + barrier + one atom.acq_rel.add ticket per
-  (request, KV head); the last arriver resets the counter to 0, merges the partials in split
-  order 0..n-1 (max, then sums, fp32), and applies norm + gate. Counters are self-resetting,
-  so the caller zeroes the workspace once.
-- Page-table entries of a split are staged in smem once (a global load per ring step cost one
-  memory latency per step); the merge loads partials with clamped indices and weight 0 past
-  n_split (x + 0 = x, so bits do not change) to keep loads independent.
-- Status (H200, 2026-11-29, CUDA graph, cold L2): correct, deterministic, batch invariant,
-  memcheck/racecheck clean; NOT at the performance targets for q_len 8 (e.g. 24 us at B=1,
-  L=8192; 158 us at B=64, L=8192 vs a 65 us floor). The per-CTA latency chain (page table ->
-  first KV -> ... -> partial write -> ticket -> merge loads) times several waves dominates;
-  next steps: fewer/longer CTAs per SM (persistent over splits), DSMEM cluster merge (seed),
-  cp.async staging of the merge, 128 registers (currently 129 -> 3 CTAs/SM).
+- Merge, level 1 (inside the cluster): each CTA leaves its (O, m, l) rows in its idle ring; after
+  a cluster barrier, rank c reads rows [c * RPR, (c + 1) * RPR) of all CS peers over DSMEM
+  (ld.shared::cluster) and merges them in rank order (max, then sums, fp32); a second cluster
+  barrier keeps every CTA's smem alive until its peers are done.
+- Merge, level 2 (n_cl > 1): rank c writes its rows of the cluster partial to the workspace, then
+  one thread takes a ticket (fence.acq_rel.gpu + atom.acq_rel.add) on the counter of (request,
+  KV head, rank c); the last arriving cluster's CTA of rank c resets the counter to 0 and merges
+  the n_cl partials of its rows in cluster order. Counters are self-resetting, so the caller
+  zeroes the workspace once. The merge work of a request is spread over its CS ranks.
+- n_cl == 1 (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
+  smem once; the level-2 merge loads partials in independent groups with clamped indices and
+  weight 0 past n_cl (x + 0 = x, so bits do not change).
+- Why pairs of CTAs and >= 32 steps per CTA for q_len 8 (Attn2Config.create has the numbers):
+  every CTA pays three dependent loads (seq_len -> page table -> first KV) before it streams
+  and a merge after it, and a big cluster waits on its slowest CTA; many short CTAs win at
+  B=1 (11.6 us at L=8192 with 8-CTA clusters of 8-step CTAs) and lose at large batch (248 vs
+  115 us at B=64 L=8192). The split may not look at the batch, so the rule favours batches.
+- Status (H200, 2026-11-29, bench/RESULTS.md): correct, deterministic, batch invariant,
+  memcheck/racecheck clean; faster than FA4 + norm-gate on every bench case; NOT at the
+  targets of <= 8 us at B=1 L=8192 (25.6) or 1.4x the floor (1.53-2.18x where it is >= 20 us).
+  The inner loop issues ~280 warp instructions per 2-page step at 0.3-0.45 IPC per scheduler
+  (ncu: short-scoreboard, barrier and fixed-latency stalls), i.e. ~2.5 TB/s at 4 CTAs/SM.
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
@@ -132,10 +143,10 @@ class Attn2Config:
         if q_len == 8:
             # Pairs of CTAs (32 rows each in the merge), >= 32 steps (64 pages) per CTA, up to 64
             # CTAs per (request, KV head). Measured on the H200 (B=64 L=8192 / B=128 W=2048 / B=1
-            # L=8192, us): cs 8 min_steps 4: 248 / 179 / 12.1; cs 8 min_steps 16: 135 / 88 / 15.3;
-            # cs 2 min_steps 32: 109 / 71 / (fewer CTAs). Short-lived CTAs pay their start (seq_len
-            # -> page table -> first KV: three dependent loads) and end (cluster barrier, merge)
-            # without streaming; big clusters also wait on their slowest CTA.
+            # L=8192, us; bench/RESULTS.md): cs 8 min_steps 4: 248 / 179 / 12.1; cs 8 min_steps
+            # 16: 136 / 90 / 15.3; cs 2 min_steps 32: 115 / 74 / 25.7. Short-lived CTAs pay their
+            # start (seq_len -> page table -> first KV: three dependent loads) and end (cluster
+            # barrier, merge) without streaming; big clusters also wait on their slowest CTA.
             d = dict(cs=2, cl_max=32, min_steps=32, stages=4, min_blocks=4)
         else:
             d = dict(cs=8, cl_max=4, min_steps=2, stages=3, min_blocks=0)
