@@ -355,37 +355,31 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {case.name:28s} skipped: time budget")
         return True
 
-    for case in qkv_cases:
-        log(f"[{time.perf_counter() - t_start:6.1f} s] qkv_front {case.name}")
-        if out_of_time("qkv_front", case, qkv_names):
-            continue
-        inp = C.build_qkv(case, device, l2, sets=2 if cpu else None)
-        ref_fn = lambda inp=inp: qkv_front_ref(inp.xs[0], inp.weights[0], inp.positions[0], inp.slots[0],  # noqa: E731
-                                               inp.cos_sin, inp.kv_cache.clone())
-        row = run_case("qkv_front", case, inp, qkv_names, device, cpu, check, ref_fn, log, deadline)
-        summarize(row, floors, PEERS_QKV)
-        result["qkv_front"].append(row)
-        del inp
-        if not cpu:
-            torch.cuda.empty_cache()
-        save()
-    for case in attn_cases:
-        log(f"[{time.perf_counter() - t_start:6.1f} s] attn2 {case.name}")
-        if out_of_time("attn2", case, attn_names):
-            continue
-        inp = C.build_attn2(case, device, l2, sets=2 if cpu else None)
-        ref_fn = None
-        if sum(case.lens) <= CHECK_MAX_TOKENS:
-            ref_fn = lambda inp=inp, case=case: attn2_ref(  # noqa: E731
-                inp.ys[0], inp.kv_cache, inp.page_tables[0], inp.seq_lens, q_len=case.q_len, window=case.window,
-                scale=case.scale)
-        row = run_case("attn2", case, inp, attn_names, device, cpu, check, ref_fn, log, deadline)
-        summarize(row, floors, PEERS_ATTN2)
-        result["attn2"].append(row)
-        del inp
-        if not cpu:
-            torch.cuda.empty_cache()
-        save()
+    def qkv_ref(case, inp):
+        return lambda: qkv_front_ref(inp.xs[0], inp.weights[0], inp.positions[0], inp.slots[0],
+                                     inp.cos_sin, inp.kv_cache.clone())
+
+    def attn_ref(case, inp):
+        if sum(case.lens) > CHECK_MAX_TOKENS:
+            return None
+        return lambda: attn2_ref(inp.ys[0], inp.kv_cache, inp.page_tables[0], inp.seq_lens,
+                                 q_len=case.q_len, window=case.window, scale=case.scale)
+
+    for op, op_cases, names, build, ref_for, peers in (
+            ("qkv_front", qkv_cases, qkv_names, C.build_qkv, qkv_ref, PEERS_QKV),
+            ("attn2", attn_cases, attn_names, C.build_attn2, attn_ref, PEERS_ATTN2)):
+        for case in op_cases:
+            log(f"[{time.perf_counter() - t_start:6.1f} s] {op} {case.name}")
+            if out_of_time(op, case, names):
+                continue
+            inp = build(case, device, l2, sets=2 if cpu else None)
+            row = run_case(op, case, inp, names, device, cpu, check, ref_for(case, inp), log, deadline)
+            summarize(row, floors, peers)
+            result[op].append(row)
+            del inp
+            if not cpu:
+                torch.cuda.empty_cache()
+            save()
 
     log(f"[{time.perf_counter() - t_start:6.1f} s] done")
     print()

@@ -113,10 +113,6 @@ class Attn2Config:
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
 
     @property
-    def s_max(self):   # most split CTAs of one (request, KV head)
-        return self.cs * self.cl_max
-
-    @property
     def mr(self):      # real query rows per (request, KV head)
         return self.q_len * GROUP
 
@@ -163,19 +159,6 @@ class Attn2Config:
         sps_max = max(d["min_steps"], (steps + cl_max * d["cs"] - 1) // (cl_max * d["cs"])) + 1
         return Attn2Config(q_len, window, max_seq_len, d["cs"], cl_max, d["min_steps"], d["stages"],
                            sps_max * sp, d["min_blocks"])
-
-
-def _split_plan(cfg: Attn2Config, L: int) -> tuple[int, int, int, int]:
-    """(first_page, n_steps, n_clusters, steps_per_cta) of a request of length L: the host mirror
-    of the kernel's plan. CTA s of the request takes steps [s * sps, (s + 1) * sps) (possibly none)."""
-    key_lo = max(0, L - cfg.q_len - cfg.window + 1) if cfg.window > 0 else 0
-    first, last = key_lo // PAGE, (L - 1) // PAGE
-    steps = (last - first + 1 + cfg.sp - 1) // cfg.sp
-    per_cl = cfg.cs * cfg.min_steps
-    n_cl = min(cfg.cl_max, (steps + per_cl - 1) // per_cl)
-    sps = (steps + n_cl * cfg.cs - 1) // (n_cl * cfg.cs)
-    n_cl = (steps + cfg.cs * sps - 1) // (cfg.cs * sps)
-    return first, steps, n_cl, sps
 
 
 def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tuple[int, int, int]:
@@ -641,12 +624,8 @@ if _IMPORT_ERROR is None:
                         cute.arch.cluster_arrive()       # peers are done reading my smem before I go on
                         cute.arch.cluster_wait()
 
-                    if n_cl == 1:
-                        inv_l = cute.arch.rcp_approx(l_g)
-                        for c in cutlass.range_constexpr(CPTM):
-                            om[c] = om[c] * inv_l
-                        _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)
-                    else:
+                    writes_out = Int32(1)      # n_cl == 1: this CTA's merge is the whole row
+                    if n_cl > 1:
                         # ---- cluster partial -> workspace; ticket per (request, KV head, rank); the
                         # last arriving cluster's CTA of this rank merges the n_cl partials in order
                         CL_MAX = self.CL_MAX
@@ -675,7 +654,8 @@ if _IMPORT_ERROR is None:
                             if last != 0:
                                 cute.arch.atomic_exch(cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
                         cute.arch.sync_threads()     # the ticket's acquire (thread 0) -> every thread
-                        if sFlag[0] != 0:
+                        writes_out = sFlag[0]
+                        if writes_out != 0:
                             # two passes over the n_cl partials of my rows, loads in independent
                             # groups (indices clamped, clusters >= n_cl weighted 0: x + 0 = x):
                             # the max of m, then l and O summed in cluster order
@@ -691,7 +671,7 @@ if _IMPORT_ERROR is None:
                             GRP = max(1, min(CL_MAX, 32 // CPTM))
                             ok = cute.make_rmem_tensor(cute.make_layout((CPTM, GRP), stride=(1, CPTM)), Float32)
                             mlk = cute.make_rmem_tensor(cute.make_layout((2, GRP), stride=(1, 2)), Float32)
-                            lg = Float32(0.0)
+                            l_g = Float32(0.0)
                             for c in cutlass.range_constexpr(CPTM):
                                 om[c] = 0.0
                             for kg0 in cutlass.range_constexpr(0, CL_MAX, GRP):
@@ -704,13 +684,16 @@ if _IMPORT_ERROR is None:
                                     for u in cutlass.range_constexpr(GRP):
                                         if const_expr(kg0 + u < CL_MAX):
                                             fk = cute.math.exp2(mlk[0, u] - mg, fastmath=True) * Float32(kg0 + u < n_cl)
-                                            lg = lg + mlk[1, u] * fk
+                                            l_g = l_g + mlk[1, u] * fk
                                             for c in cutlass.range_constexpr(CPTM):
                                                 om[c] = om[c] + ok[c, u] * fk
-                            inv_l = cute.arch.rcp_approx(lg)
-                            for c in cutlass.range_constexpr(CPTM):
-                                om[c] = om[c] * inv_l
-                            _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)
+
+                    # ---- epilogue (the single writer of these rows): o / l, norm, gate, out
+                    if writes_out != 0:
+                        inv_l = cute.arch.rcp_approx(l_g)
+                        for c in cutlass.range_constexpr(CPTM):
+                            om[c] = om[c] * inv_l
+                        _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)
 
 
 # ------------------------------------------------------------------------------------ host
