@@ -15,31 +15,38 @@ Tensors (all contiguous, 16-byte aligned):
     workspace  uint8 [workspace_bytes(...)]    fp32 cluster partials, fp32 (m, l), uint32 counters
     error_flag int32 [1]                       |= 1: L outside [q_len, max_seq_len]; |= 2: bad page
 
-Design (seed 000's split-KV with a cluster merge, with one split rule for every length instead of
-the seed's one-cluster / split variants):
-- Grid (CS * CL_MAX, Hkv, R), 128 threads, clusters of CS CTAs along x. CTA (s, g, r) owns every
-  query row of request r and KV head g (q_len * 8 rows: token-major, row m = t * 8 + j) and the
-  ring steps [s * sps, (s + 1) * sps) of the request's visible pages; cluster cl = s // CS.
+Design (seed 000's split-KV with a cluster merge, one split rule for every length instead of the
+seed's one-cluster / split variants, and wgmma + TMA instead of the seed's mma.sync + cp.async):
+- Grid (CS * CL_MAX, Hkv, R), 128 threads = one warpgroup, clusters of CS CTAs along x. CTA
+  (s, g, r) owns every query row of request r and KV head g (q_len * 8 rows, token-major: row
+  m = t * 8 + j, zero-padded to the wgmma M of 64) and the ring steps [s * sps, (s + 1) * sps) of
+  the request's visible pages; cluster cl = s // CS. Warp w holds rows 16 w .. 16 w + 15 of the
+  accumulators (tokens 2w, 2w + 1), lane rows lane // 4 and lane // 4 + 8 (the wgmma C layout).
 - Split rule (per request, from its OWN L and the compile-time deployment only): the visible
-  pages [first_page, last_page] are cut into steps of SP pages; n_cl = min(CL_MAX,
-  ceil(steps / (CS * MIN_STEPS))) clusters; sps = ceil(steps / (n_cl * CS)); n_cl re-derived so
-  no cluster is empty. Clusters >= n_cl exit at once; a CTA of a live cluster may have no steps
-  and still takes part (an empty partial: m = -1e30, l = 0). Hence the output bits of a request
-  depend neither on the batch (batch invariance) nor on timing (fixed merge orders).
-- q_len 8 (64 rows): warp w owns m-tile w (tokens 2w, 2w+1 x 8 heads); a step is 2 pages (32
-  keys) shared by the 4 warps. q_len 1 (8 rows, padded to one m16 tile): the 4 warps split the
-  keys of a step of 8 pages (32 keys each) and merge in smem in warp order.
-- KV streamed through an NST-stage cp.async.cg ring (16-byte chunks, one barrier per step),
-  stage rows padded from 256 B to 272 B so the ldmatrix reads are bank-conflict free (an XOR
-  swizzle through a composed layout gave wrong results with the DSL's copy partitions on the
-  H200 -- the V fragments read zeros -- so padding it is). S = Q K^T and O += P V on mma.sync m16n8k16 BF16 -> FP32; K via
-  ldmatrix, V via ldmatrix.trans; P rounded to BF16 with packed cvt.rn.bf16x2, the C fragment
-  reused as the A fragment in registers; online softmax in base 2 with ex2.approx.ftz of
-  fma(s, scale * log2 e, -m); O rescaled only when a row max of the warp moved (x * 1 = x);
-  running max starts at -1e30 (finite) so fully masked tiles need no branch. Masking (causal,
-  window, tail, invalid pages) only on edge steps.
-- Rows >= L of the tail page, pages past the last one and invalid pages are zero-filled in smem
-  (0 * NaN would be NaN) and their logits masked.
+  pages [first_page, last_page] are cut into steps of SP pages; n_cl = max(1, min(CL_MAX,
+  steps // (CS * MIN_STEPS))) clusters (so a CTA has between MIN_STEPS and 2 MIN_STEPS steps
+  until CL_MAX is reached); sps = ceil(steps / (n_cl * CS)); n_cl re-derived so no cluster is
+  empty. Clusters >= n_cl exit at once; a CTA of a live cluster may have no steps and still takes
+  part (an empty partial: m = -1e30, l = 0). Hence the output bits of a request depend neither on
+  the batch (batch invariance) nor on timing (fixed merge orders).
+- KV ring: NST stages of SP pages. Warp 0 issues, per page, one TMA box (16 rows x 64 columns) for
+  its K half and one for its V half into 128 B-swizzled smem (the canonical K-major wgmma layout),
+  completing on the stage's mbarrier; a CTA barrier per step frees the stage read in the step
+  before. A page that the page table does not give (past the last page, or invalid) is read at
+  page index num_pages, outside the tensor map, so TMA fills zeros and still counts its bytes.
+  The tail page's V rows >= L are zeroed in smem before use (the cache holds anything there and
+  0 * NaN = NaN); their logits, and those of invalid pages, are masked. Masking (causal, window,
+  tail, invalid pages) runs on edge steps only.
+- S = Q K^T: wgmma m64nNk16 (N = 16 SP keys), Q and K from smem. O += P V: wgmma m64n64k16 with
+  P (bf16, packed cvt.rn.bf16x2) in registers -- the C layout of S is the A layout of P V -- and
+  V read through a transposed view of the same swizzled ring (the MN-major B operand). Every
+  wgmma group is waited for before its registers or smem are touched.
+- Online softmax in base 2: p = ex2.approx.ftz(fma(s, scale * log2 e, -m)). The running max is
+  lazy: it moves only when a logit exceeds it by more than RESCALE_SLACK = 8 (p <= 2^8, fine
+  in fp32 and bf16), and O is rescaled only when a row max of the warp moved (x * 1 = x). The
+  rule depends on the data alone, so the bits stay deterministic; softmax does not depend on
+  the reference point, so only rounding changes. Running max starts at -1e30 (finite), so fully
+  masked tiles need no branch.
 - Merge, level 1 (inside the cluster): each CTA leaves its (O, m, l) rows in its idle ring; after
   a cluster barrier, rank c reads rows [c * RPR, (c + 1) * RPR) of all CS peers over DSMEM
   (ld.shared::cluster) and merges them in rank order (max, then sums, fp32); a second cluster
@@ -52,16 +59,14 @@ the seed's one-cluster / split variants):
 - n_cl == 1 (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
   smem once; the level-2 merge loads partials in independent groups with clamped indices and
   weight 0 past n_cl (x + 0 = x, so bits do not change).
-- Why pairs of CTAs and >= 32 steps per CTA for q_len 8 (Attn2Config.create has the numbers):
-  every CTA pays three dependent loads (seq_len -> page table -> first KV) before it streams
-  and a merge after it, and a big cluster waits on its slowest CTA; many short CTAs win at
-  B=1 (11.6 us at L=8192 with 8-CTA clusters of 8-step CTAs) and lose at large batch (248 vs
-  115 us at B=64 L=8192). The split may not look at the batch, so the rule favours batches.
-- Status (H200, 2026-11-29, bench/RESULTS.md): correct, deterministic, batch invariant,
-  memcheck/racecheck clean; faster than FA4 + norm-gate on every bench case; NOT at the
-  targets of <= 8 us at B=1 L=8192 (25.6) or 1.4x the floor (1.53-2.18x where it is >= 20 us).
-  The inner loop issues ~280 warp instructions per 2-page step at 0.3-0.45 IPC per scheduler
-  (ncu: short-scoreboard, barrier and fixed-latency stalls), i.e. ~2.5 TB/s at 4 CTAs/SM.
+- Why this rule (Attn2Config.create has the numbers): every CTA pays three dependent loads
+  (seq_len -> page table -> first KV) before it streams and a merge after it; many short CTAs
+  win at B=1 and lose at large batch, and the split may not look at the batch, so the rule
+  favours batches. q_len 1 uses the same kernel (8 real rows of the 64).
+- Status (H200, 2026-11-29, bench/RESULTS.md): correct, deterministic, batch invariant; faster
+  than FA4 + norm-gate on every bench case and within 1.4x of the floor where it is >= 20 us;
+  NOT at <= 8 us for B=1 L=8192 (about 20 us; a TMA-only variant with no math already needs
+  8.2 us there with 8-CTA clusters of 4-step CTAs).
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
@@ -132,12 +137,11 @@ class Attn2Config:
     def create(q_len: int, window: int, max_seq_len: int, cs: int | None = None,
                cl_max: int | None = None, min_steps: int | None = None, stages: int | None = None,
                sp: int | None = None, min_blocks: int | None = None) -> "Attn2Config":
-        # Pairs of CTAs (32 rows each in the merge), >= 32 steps per CTA, up to 64 CTAs per
-        # (request, KV head). Measured on the H200 with the mma.sync kernel (B=64 L=8192 / B=128
-        # W=2048 / B=1 L=8192, us; bench/RESULTS.md): cs 8 min_steps 4: 248 / 179 / 12.1; cs 8
-        # min_steps 16: 136 / 90 / 15.3; cs 2 min_steps 32: 115 / 74 / 25.7. Short-lived CTAs pay
-        # their start (seq_len -> page table -> first KV: three dependent loads) and end (cluster
-        # barrier, merge) without streaming; big clusters also wait on their slowest CTA.
+        # Pairs of CTAs, 16-31 steps of 4 pages per CTA (until cl_max), 2-stage ring, 4 CTAs per
+        # SM. Measured on the H200 (us, B=1 L=8192 / B=64 L=8192 / B=16 L=65536; bench/RESULTS.md):
+        # cs 2: 19.6 / 89.2 / 170.2; cs 4: 18.5 / 91.6 / 163.8; cs 8: 16.8 / 97.3 / 152.4;
+        # min_steps 8: 14.0 / 99.6 / 172.4. Deeper rings (3-4 stages, Q in registers to fit 4 CTAs)
+        # gain nothing: the loop is not load-bound. L2 prefetch of later steps was slower everywhere.
         d = dict(cs=2, cl_max=32, min_steps=16, stages=2, sp=4, min_blocks=4)
         for k, v in dict(cs=cs, cl_max=cl_max, min_steps=min_steps, stages=stages, sp=sp,
                          min_blocks=min_blocks).items():
