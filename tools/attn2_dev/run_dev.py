@@ -1,15 +1,17 @@
 """Device run: correctness smoke + timing table of the CuTe attn2 kernel (CUDA graphs, cold L2).
-usage: python3 tools/attn2_dev/run_dev.py [check] [bench] [tune]"""
+usage: python3 tools/attn2_dev/run_dev.py [check] [bench] [tune]
+env: TUNE_VARIANTS / TUNE_CASES (python literals), ATTN2_FILE (time another copy of attn2.py)."""
 import os, sys, time, math
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import importlib.util
 import torch
-from muse_ops.cutedsl import attn2 as A
 if os.environ.get("ATTN2_FILE"):     # A/B: time another version of the kernel module
     _spec = importlib.util.spec_from_file_location("attn2_alt", os.environ["ATTN2_FILE"])
     A = importlib.util.module_from_spec(_spec)
     sys.modules["attn2_alt"] = A      # dataclasses look their module up
     _spec.loader.exec_module(A)
+else:
+    from muse_ops.cutedsl import attn2 as A
 from muse_ops.reference import attn2_ref
 from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, counters_zero, SCALE
 
