@@ -564,12 +564,14 @@ if _IMPORT_ERROR is None:
                     cute.autovec_copy(cute.local_tile(mY, (1, CPTM), (row_g, gate_col // CPTM))[0, None], gt)
                     cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
 
-                    # ---- (O, m, l) of the CTA -> sX [MR, 64] fp32 (over the rings), sXm [MR, 2]
+                    # ---- (O, m, l) of the CTA -> sX [64, 64] fp32, sXm [MR, 2]. sX lies over the K
+                    # ring and, when that is smaller than 16 KB, the V ring allocated right after it
+                    # (both 1 KB multiples; Attn2Config.create checks the size); rows >= MR are padding
                     sX = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=Float32),
                                           cute.make_layout((M_TILE, HEAD_DIM), stride=(HEAD_DIM, 1)))
                     tOsX = thr_pv.partition_C(sX)
                     for i in cutlass.range_constexpr(cute.size(tOrO)):
-                        tOsX[i] = tOrO[i]      # padding rows >= MR land past sX's MR rows, unread
+                        tOsX[i] = tOrO[i]
                     for h in cutlass.range_constexpr(2):
                         row_sum[h] = _quad_sum(row_sum[h])
                         xrow = 16 * w + lane // 4 + 8 * h
