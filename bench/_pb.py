@@ -1,7 +1,8 @@
 """Shared pytest-benchmark glue: one contender on one case, timed by CUDA-graph replay over the
 case's rotating input sets. pytest-benchmark's own numbers are per round = one replay of the
-graph of `sets` calls (extra_info["sets"]); the per-call CUDA-event median (the number to read),
-p20/p80, GB/s, floor and ratio to it go into benchmark.extra_info (--benchmark-json keeps them)."""
+graph of `calls` calls (extra_info["calls"]: the sets cycled to at least timing.MIN_CALLS); the
+per-call CUDA-event median (the number to read), p20/p80, GB/s, floor and ratio to it go into
+benchmark.extra_info (--benchmark-json keeps them)."""
 from __future__ import annotations
 
 import functools
@@ -34,11 +35,8 @@ def run(benchmark, kind, case, build, name):
     except K.Absent as exc:
         pytest.skip(f"{name}: absent ({exc})")
     res = T.graph_time_us(fn, inp.sets)
-    # pytest-benchmark's own rounds: replays of the same graph of n calls
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(inp.sets):
-            fn(i)
+    # pytest-benchmark's own rounds: replays of the same graph as the timing
+    graph, calls = T.capture_calls(fn, inp.sets)
 
     def replay():
         graph.replay()
@@ -51,4 +49,4 @@ def run(benchmark, kind, case, build, name):
         cuda_event_median_us=res["us"], p20_us=res["p20"], p80_us=res["p80"], sets=inp.sets,
         note=inp.note, bytes=case.bytes(), gbps=case.bytes() / res["us"] / 1e3, floor_us=floor_us,
         over_floor=res["us"] / floor_us, hbm_tbps=fl["hbm_tbps"], graph_node_us=fl["node_us"],
-        per_round="one replay of a graph of `sets` calls")
+        calls=calls, per_round="one replay of a graph of `calls` calls (the sets cycled)")

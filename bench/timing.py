@@ -31,12 +31,13 @@ def cpu_time_us(fn, n_sets: int, reps: int = 3) -> float:
     return statistics.median(ts) * 1e6
 
 
-def graph_time_us(fn, n_sets: int, replays: int = REPLAYS) -> dict:
-    """Per-call us of fn over n_sets rotating sets by CUDA-graph replay (median, p20, p80)."""
+def capture_calls(fn, n_sets: int) -> tuple[torch.cuda.CUDAGraph, int]:
+    """Warm fn up outside capture (compiles, allocator, autotune), then capture one CUDA graph of
+    max(n_sets, MIN_CALLS) calls cycling the sets; returns (graph, calls)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for i in range(min(n_sets, 2)):  # warm up outside capture: compiles, allocator, autotune
+        for i in range(min(n_sets, 2)):
             fn(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
@@ -45,6 +46,12 @@ def graph_time_us(fn, n_sets: int, replays: int = REPLAYS) -> dict:
     with torch.cuda.graph(graph):
         for i in range(calls):
             fn(i % n_sets)
+    return graph, calls
+
+
+def graph_time_us(fn, n_sets: int, replays: int = REPLAYS) -> dict:
+    """Per-call us of fn over n_sets rotating sets by CUDA-graph replay (median, p20, p80)."""
+    graph, calls = capture_calls(fn, n_sets)
     for _ in range(WARMUP):
         graph.replay()
     torch.cuda.synchronize()

@@ -133,6 +133,10 @@ class Attn2Config:
     def rows_per_rank(self):   # query rows each CTA of a cluster merges and writes
         return max(1, self.mr // self.cs)
 
+    @functools.cached_property
+    def compile_key(self):     # max_seq_len is a run-time argument of the kernel
+        return dataclasses.replace(self, max_seq_len=0)
+
     @staticmethod
     def create(q_len: int, window: int, max_seq_len: int, cs: int | None = None,
                cl_max: int | None = None, min_steps: int | None = None, stages: int | None = None,
@@ -707,7 +711,7 @@ def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
     """cute.compile one variant against fake tensors (CPU or GPU), TVM-FFI env stream."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"cutlass DSL not importable: {_IMPORT_ERROR}")
-    key = (dataclasses.replace(cfg, max_seq_len=0), extra_options)   # max_seq_len is run time
+    key = (cfg.compile_key, extra_options)
     fn = _CACHE.get(key)
     if fn is not None:
         return fn
