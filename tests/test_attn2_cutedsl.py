@@ -92,14 +92,18 @@ def ref_float64(y, cache, pt, seq, *, q_len, window, scale):
     return out
 
 
-def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE):
+def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE,
+               wide=None):
+    """One launch into a NaN-poisoned out; wide=True/False forces the layout (None: the host's pick)."""
     R, hkv = seq.shape[0], cache.shape[1]
     out = torch.full((q_len * R, GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=y.device)
     if ws is None:
         ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, max_seq_len), dtype=torch.uint8, device=y.device)
     if err is None:
         err = torch.zeros(1, dtype=torch.int32, device=y.device)
-    A.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len)
+    over = None if wide is None else {"wide": wide}
+    A.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale,
+                   max_seq_len=max_seq_len, _cfg_override=over)
     return out, ws, err
 
 
@@ -110,8 +114,10 @@ def check_close(out, ref):
 
 
 def counters_zero(A, ws, R, hkv, q_len, window, max_seq_len):
-    off, n_cnt, _ = A.workspace_layout(A._config(q_len, window, max_seq_len), R, hkv)
-    return int(ws[off:off + 4 * n_cnt].view(torch.int32).abs().sum()) == 0
+    """The arrival counters (the last R * Hkv * SUB_CHUNKS words of the workspace) are back to 0."""
+    _, n_cnt, _ = A.workspace_layout(A._config(q_len, window, max_seq_len), R, hkv)
+    end = ws.numel() // 4 * 4
+    return int(ws[end - 4 * n_cnt:end].view(torch.int32).abs().sum()) == 0
 
 
 # ----------------------------------------------------------------------------- tests
@@ -157,6 +163,42 @@ def test_deterministic_and_batch_invariant(q_len, window):
     alone, _, _ = run_kernel(A, y[r * q_len:(r + 1) * q_len].contiguous(), cache, pt[r:r + 1].contiguous(),
                              seq[r:r + 1].contiguous(), q_len=q_len, window=window, max_seq_len=msl)
     assert torch.equal(alone.view(torch.int16), out1[r * q_len:(r + 1) * q_len].view(torch.int16))
+    assert int(err.item()) == 0
+
+
+@pytest.mark.parametrize("q_len,window,hkv,lens", [CASES[0], CASES[1], CASES[3], CASES[4], CASES[7]])
+def test_layouts_bit_identical(q_len, window, hkv, lens):
+    """The wide layout (a CTA per chunk, small batches) and the deep one (a CTA per sub) compute
+    the same reduction tree: identical bits, both within tolerance of float64."""
+    A = _kernel()
+    msl = 1 << 17
+    y, cache, pt, seq = make_case(lens, hkv, q_len, seed=31, window=window)
+    ref = ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+    outs = []
+    for wide in (False, True):
+        out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, wide=wide)
+        nbad, mx, mean = check_close(out, ref)
+        assert nbad == 0 and mean <= 2e-3, (wide, nbad, mx, mean)
+        assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
+def test_workspace_shared_across_batch_sizes():
+    """One workspace for every batch size of a deployment: calls of 12, 3 and 12 requests (deep,
+    wide, deep layouts) each find their arrival counters at zero and leave them so."""
+    A = _kernel()
+    q_len, window, msl, hkv = 8, 0, 1 << 15, 2
+    ws = torch.zeros(A.workspace_bytes(12, hkv, q_len, window, msl), dtype=torch.uint8, device="cuda")
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    g = torch.Generator().manual_seed(9)
+    for it, R in enumerate([12, 3, 12]):
+        lens = [int(x) for x in torch.randint(q_len, 20000, (R,), generator=g)]
+        y, cache, pt, seq = make_case(lens, hkv, q_len, seed=40 + it)
+        out, _, _ = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, ws=ws, err=err)
+        nbad, mx, mean = check_close(out, ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE))
+        assert nbad == 0 and mean <= 2e-3, (R, nbad, mx, mean)
+        assert counters_zero(A, ws, 12, hkv, q_len, window, msl)
     assert int(err.item()) == 0
 
 

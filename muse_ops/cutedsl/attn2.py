@@ -107,18 +107,36 @@ except Exception as exc:  # noqa: BLE001  (CPU-only / no cutlass: can_implement 
 
 
 # ------------------------------------------------------------------------------------ config
+# The reduction tree. Its shape depends on a request's own L only; which CTAs compute which part
+# of it (the wide or the deep layout) depends on the batch, and the bits do not.
+SUB_CHUNKS = 8         # chunks per sub = CTAs of a wide cluster
+NODES_MAX = 32         # most nodes (2 subs each) of one (request, KV head)
+NODE_MIN_STEPS = 32    # ring steps per node before a second node is opened
+WIDE_MAX_PAIRS = 16    # the wide layout runs up to this many (request, KV head) pairs per launch
+
+
+def split_plan(n_steps: int) -> tuple[int, int, int, int]:
+    """(most steps of a chunk, chunks, subs, nodes) of a request with n_steps ring steps, exactly
+    as the kernel derives them from L: about n_steps // 32 nodes (1 to NODES_MAX) of 16 chunks,
+    chunk j covering steps [j * n_steps // chunks, (j + 1) * n_steps // chunks), so the subs of a
+    request (the work of a deep CTA) differ by at most one step."""
+    nodes = max(1, min(NODES_MAX, n_steps // NODE_MIN_STEPS))
+    n_chunks = min(2 * SUB_CHUNKS * nodes, n_steps)
+    n_subs = -(-n_chunks // SUB_CHUNKS)
+    return -(-n_steps // n_chunks), n_chunks, n_subs, -(-n_subs // 2)
+
+
 @dataclass(frozen=True)
 class Attn2Config:
     """Compile-time parameters of one variant (everything else is run time)."""
     q_len: int
     window: int
     max_seq_len: int
-    cs: int           # CTAs per cluster: their partials merge over DSMEM
-    cl_max: int       # most clusters of one (request, KV head); grid x = cs * cl_max
-    min_steps: int    # fewest ring steps per CTA before the cluster count reaches cl_max
+    wide: bool        # layout: one chunk per CTA, 8-CTA clusters (True) or one sub per CTA, pairs
+    nodes_max: int    # most nodes of a request under this deployment (<= NODES_MAX)
+    chunk_max: int    # most steps per chunk under this deployment
     stages: int       # TMA ring depth
     sp: int = 4       # pages per ring step (keys per step = 16 * sp, the N of S = Q K^T)
-    pt_max: int = 0   # page-table entries of one CTA kept in smem
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
 
     @property
@@ -130,6 +148,22 @@ class Attn2Config:
         return self.sp * PAGE
 
     @property
+    def cs(self):      # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep)
+        return SUB_CHUNKS if self.wide else 2
+
+    @property
+    def cl_max(self):  # clusters per (request, KV head) in the grid: subs (wide) or nodes (deep)
+        return 2 * self.nodes_max if self.wide else self.nodes_max
+
+    @property
+    def slots(self):   # workspace partials per (request, KV head): subs (wide) or nodes (deep)
+        return 2 * self.nodes_max
+
+    @property
+    def pt_max(self):  # page-table entries of one CTA kept in smem
+        return (1 if self.wide else SUB_CHUNKS) * self.chunk_max * self.sp
+
+    @property
     def rows_per_rank(self):   # query rows each CTA of a cluster merges and writes
         return max(1, self.mr // self.cs)
 
@@ -138,43 +172,36 @@ class Attn2Config:
         return dataclasses.replace(self, max_seq_len=0)
 
     @staticmethod
-    def create(q_len: int, window: int, max_seq_len: int, cs: int | None = None,
-               cl_max: int | None = None, min_steps: int | None = None, stages: int | None = None,
-               sp: int | None = None, min_blocks: int | None = None) -> "Attn2Config":
-        # Pairs of CTAs, 16-31 steps of 4 pages per CTA (until cl_max), 2-stage ring, 4 CTAs per
-        # SM. Measured on the H200 (us, B=1 L=8192 / B=64 L=8192 / B=16 L=65536; bench/RESULTS.md):
-        # cs 2: 19.6 / 89.2 / 170.2; cs 4: 18.5 / 91.6 / 163.8; cs 8: 16.8 / 97.3 / 152.4;
-        # min_steps 8: 14.0 / 99.6 / 172.4. Deeper rings (3-4 stages, Q in registers to fit 4 CTAs)
-        # gain nothing: the loop is not load-bound. L2 prefetch of later steps was slower everywhere.
-        d = dict(cs=2, cl_max=32, min_steps=16, stages=2, sp=4, min_blocks=4)
-        for k, v in dict(cs=cs, cl_max=cl_max, min_steps=min_steps, stages=stages, sp=sp,
-                         min_blocks=min_blocks).items():
-            if v is not None:
-                d[k] = v
-        sp_ = d["sp"]
+    def create(q_len: int, window: int, max_seq_len: int, wide: bool = False,
+               stages: int | None = None, min_blocks: int | None = None) -> "Attn2Config":
+        # 2-stage ring of 4-page steps, 4 CTAs per SM (deep). Measured on the H200 before the tree
+        # (bench/RESULTS.md): deeper rings (3-4 stages) gain nothing, the loop is latency-bound
+        # (about 0.75 us per step for one warpgroup alone on an SM, 4 stages: 0.73).
+        sp = 4
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE + 2
         else:
             vis_pages = (max_seq_len + PAGE - 1) // PAGE
-        steps = (vis_pages + sp_ - 1) // sp_
-        per_cl = d["cs"] * d["min_steps"]
-        cl_max = max(1, min(d["cl_max"], steps // per_cl))
-        sps_max = max(2 * d["min_steps"], (steps + cl_max * d["cs"] - 1) // (cl_max * d["cs"])) + 1
-        cfg = Attn2Config(q_len, window, max_seq_len, d["cs"], cl_max, d["min_steps"], d["stages"],
-                          sp_, sps_max * sp_, d["min_blocks"])
+        steps = (vis_pages + sp - 1) // sp
+        plans = [split_plan(n) for n in range(1, steps + 1)]
+        chunk_max = max(p[0] for p in plans)
+        nodes_max = max(p[3] for p in plans)
+        cfg = Attn2Config(q_len, window, max_seq_len, wide, nodes_max, chunk_max,
+                          2 if stages is None else stages, sp,
+                          (0 if wide else 4) if min_blocks is None else min_blocks)
         # the merge buffer (MR x 64 fp32) reuses the K and V rings
         assert 2 * cfg.stages * cfg.nk * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         return cfg
 
 
 def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tuple[int, int, int]:
-    """(byte offset of the arrival counters, number of counters, total bytes) of the workspace:
-    fp32 cluster partials O [R*Hkv*cl_max, mr, 64], then fp32 (m, l) [R*Hkv*cl_max, mr, 2], then
-    one uint32 counter per (request, KV head, cluster rank)."""
-    nslot = num_requests * kv_heads * cfg.cl_max
-    off = 4 * nslot * cfg.mr * (HEAD_DIM + 2)
-    n_cnt = num_requests * kv_heads * cfg.cs
-    return off, n_cnt, (off + 4 * n_cnt + 15) // 16 * 16
+    """(byte offset of the partials' (m, l), counters, total bytes) of the workspace: fp32 partials
+    O [R*Hkv*slots, mr, 64], fp32 (m, l) [R*Hkv*slots, mr, 2]; the uint32 arrival counters, one
+    per (request, KV head, cluster rank < SUB_CHUNKS), count back from the end of the buffer."""
+    nslot = num_requests * kv_heads * cfg.slots
+    off = 4 * nslot * cfg.mr * HEAD_DIM
+    n_cnt = num_requests * kv_heads * SUB_CHUNKS
+    return off, n_cnt, (off + 4 * nslot * cfg.mr * 2 + 4 * n_cnt + 15) // 16 * 16
 
 
 # ------------------------------------------------------------------------------------ kernel
@@ -195,6 +222,47 @@ if _IMPORT_ERROR is None:
     def _quad_sum(v: Float32) -> Float32:
         v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
         return v + cute.arch.shuffle_sync_bfly(v, offset=2)
+
+    # The folds of the reduction tree in explicit PTX: the same instructions wherever a fold runs
+    # (a deep CTA's registers, a wide cluster's DSMEM merge, the level-2 merge), so the compiler
+    # cannot contract or reorder one site differently from another and the bits match.
+    @cute.jit
+    def _fma(a: Float32, b: Float32, c: Float32) -> Float32:
+        return cute.arch.inline_ptx("fma.rn.f32 {$w0}, {$r0}, {$r1}, {$r2};",
+                                    write_only_types=[Float32], read_only_args=[a, b, c])
+
+    @cute.jit
+    def _mul(a: Float32, b: Float32) -> Float32:
+        return cute.arch.inline_ptx("mul.rn.f32 {$w0}, {$r0}, {$r1};",
+                                    write_only_types=[Float32], read_only_args=[a, b])
+
+    @cute.jit
+    def _sub(a: Float32, b: Float32) -> Float32:
+        return cute.arch.inline_ptx("sub.rn.f32 {$w0}, {$r0}, {$r1};",
+                                    write_only_types=[Float32], read_only_args=[a, b])
+
+    @cute.jit
+    def _sel(t: Int32, a: Float32, b: Float32) -> Float32:
+        """a if t != 0 else b, without a branch (so the folds of a DSMEM merge schedule together)."""
+        return cute.arch.inline_ptx("{ .reg .pred p; setp.ne.s32 p, {$r2}, 0; selp.f32 {$w0}, {$r0}, {$r1}, p; }",
+                                    write_only_types=[Float32], read_only_args=[a, b, t])
+
+    @cute.jit
+    def _prefetch_l2(addr: Int64):
+        cute.arch.inline_ptx("prefetch.global.L2 [{$r0}];", read_only_args=[addr])
+
+    @cute.jit
+    def _fold_w(m_a: Float32, m_b: Float32):
+        """fold(A, B) of two softmax partials (m, l, O) with m in log2 units: the new max and the
+        weights of A and B. The value parts then fold with _fold_v."""
+        m = cute.arch.fmax(m_a, m_b)
+        return (m, cute.math.exp2(_sub(m_a, m), fastmath=True),
+                cute.math.exp2(_sub(m_b, m), fastmath=True))
+
+    @cute.jit
+    def _fold_v(x_a: Float32, w_a: Float32, x_b: Float32, w_b: Float32) -> Float32:
+        """x_a * w_a + x_b * w_b as fma(x_a, w_a, x_b * w_b)."""
+        return _fma(x_a, w_a, _mul(x_b, w_b))
 
     @cute.jit
     def _ld_dsmem_f32x2(addr: Int32):
@@ -275,9 +343,11 @@ if _IMPORT_ERROR is None:
             self.SP = cfg.sp
             self.NK = cfg.nk
             self.NST = cfg.stages
+            self.WIDE = cfg.wide
             self.CS = cfg.cs
             self.CL_MAX = cfg.cl_max
-            self.MIN_STEPS = cfg.min_steps
+            self.SLOTS = cfg.slots
+            self.NODES_MAX = cfg.nodes_max
             self.RPR = cfg.rows_per_rank      # rows each cluster rank merges and writes
             self.TPRM = min(16, THREADS // self.RPR)   # threads per row in the merges / epilogue
             self.CPTM = HEAD_DIM // self.TPRM
@@ -313,7 +383,7 @@ if _IMPORT_ERROR is None:
                 occ["cluster"] = (self.CS, 1, 1)
             self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, tma_atom, mKV_tma, sRing_layout, sPages_layout,
                         sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len).launch(
-                grid=(self.CS * self.CL_MAX, hkv, R), block=(THREADS, 1, 1), stream=stream, **occ)
+                grid=(self.CS, hkv * R, self.CL_MAX), block=(THREADS, 1, 1), stream=stream, **occ)
 
         @cute.kernel
         def kernel(self, mY: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
@@ -323,13 +393,17 @@ if _IMPORT_ERROR is None:
                    num_pages: Int32, scale_log2: Float32, max_seq_len: Int32):
             QL = self.q_len
             W = self.window
+            WIDE = self.WIDE
             MR, SP, NK, NST, PTMAX = self.MR, self.SP, self.NK, self.NST, self.PTMAX
             tidx, _, _ = cute.arch.thread_idx()
-            s, g, r = cute.arch.block_idx()
+            rank_x, gr, cl_z = cute.arch.block_idx()
             w = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             lane = cute.arch.lane_idx()
             R = mSeq.shape[0]
             hkv = mKV_tma.shape[2]
+            g = gr % hkv
+            r = gr // hkv
+            s = cl_z * self.CS + rank_x
 
             # ---- shared memory
             smem = SmemAllocator()
@@ -341,6 +415,13 @@ if _IMPORT_ERROR is None:
             sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
             sXm = smem.allocate_tensor(Float32, cute.make_layout((MR, 2), stride=(2, 1)), byte_alignment=16)
 
+            if const_expr(self.WIDE and W == 0):
+                # the page-table entries of this CTA's chunk if it has 2 steps (true up to L = 65536
+                # when L is a multiple of 2048): to L2 while seq_len is read, so the page-table read
+                # that needs L mostly hits L2. A guess, never a dependency.
+                if tidx == 0:
+                    pg = cutlass.min((cl_z * self.CS + rank_x) * (2 * SP), mPT.shape[1] - 1)
+                    _prefetch_l2((mPT.iterator + (r * mPT.shape[1] + pg)).toint())
             L = mSeq[r]
             bad_len = Int32(L < QL) + Int32(L > max_seq_len)
             if bad_len != 0:
@@ -357,24 +438,35 @@ if _IMPORT_ERROR is None:
                     if tidx == 0:
                         cute.arch.atomic_or(mErr.iterator, Int32(1), sem="relaxed", scope="gpu")
             else:
-                # ---- split plan: depends on L and compile-time constants only
+                # ---- the reduction tree of this request, from L and compile-time constants only:
+                # ring steps of SP pages -> chunks of C steps -> subs of SUB_CHUNKS chunks -> nodes
+                # of 2 subs (split_plan). Wide: CTA (cl, rank) computes chunk cl * SUB_CHUNKS + rank
+                # of sub cl. Deep: CTA (cl, rank) computes sub 2 cl + rank of node cl.
                 key_lo = Int32(0)
                 if const_expr(W > 0):
                     key_lo = cutlass.max(L - QL - W + 1, Int32(0))
                 first_page = key_lo // PAGE
                 last_page = (L - 1) // PAGE
                 n_steps = (last_page - first_page + SP) // SP
+                n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_steps // NODE_MIN_STEPS))
+                n_chunks = cutlass.min(2 * SUB_CHUNKS * n_nodes, n_steps)
+                n_subs = (n_chunks + SUB_CHUNKS - 1) // SUB_CHUNKS
+                n_nodes = (n_subs + 1) // 2
                 CS = self.CS
-                per_cl = CS * self.MIN_STEPS
-                n_cl = cutlass.max(Int32(1), cutlass.min(Int32(self.CL_MAX), n_steps // per_cl))
-                sps = (n_steps + n_cl * CS - 1) // (n_cl * CS)
-                n_cl = (n_steps + CS * sps - 1) // (CS * sps)     # no cluster without steps
                 cl = s // CS
                 rank = s % CS
+                # chunk j covers steps [j * n_steps // n_chunks, (j + 1) * n_steps // n_chunks)
+                n_cl = n_nodes
+                c_lo = cutlass.min((2 * cl + rank) * SUB_CHUNKS, n_chunks)
+                c_hi = cutlass.min(c_lo + SUB_CHUNKS, n_chunks)
+                if const_expr(WIDE):
+                    n_cl = n_subs
+                    c_lo = cutlass.min(cl * SUB_CHUNKS + rank, n_chunks)
+                    c_hi = cutlass.min(c_lo + 1, n_chunks)
                 if cl < n_cl:
                     # every CTA of a live cluster runs to the cluster barriers, even with no steps
-                    k_begin = s * sps
-                    my_steps = cutlass.max(cutlass.min(sps, n_steps - k_begin), Int32(0))
+                    k_begin = c_lo * n_steps // n_chunks
+                    my_steps = c_hi * n_steps // n_chunks - k_begin
                     page_base = first_page + k_begin * SP
 
                     if w == 0:
@@ -456,6 +548,17 @@ if _IMPORT_ERROR is None:
                     row_max.fill(NEG_BIG)
                     row_sum.fill(0.0)
                     corr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+                    # deep: the sub = left fold of this CTA's chunks (starts as the identity I)
+                    acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
+                    acc_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+                    acc_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+                    fw = cute.make_rmem_tensor(cute.make_layout((2, 2), stride=(1, 2)), Float32)
+                    chunk_end = Int32(0)     # deep: local step index where the current chunk ends
+                    if const_expr(not WIDE):
+                        acc_o.fill(0.0)
+                        acc_m.fill(NEG_BIG)
+                        acc_l.fill(0.0)
+                        chunk_end = (c_lo + 1) * n_steps // n_chunks - k_begin
                     inv = cute.make_rmem_tensor(cute.make_layout(SP), Int32)
 
                     # visible keys of token t: [lo_t, pos_t]; every row of the CTA sees [lo_all, pos_min].
@@ -555,6 +658,23 @@ if _IMPORT_ERROR is None:
                             tOrP32[q] = _pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
                         _wgmma(atom_pv, tOrO, tOrP, tOrVt[None, None, None, st], False)
 
+                        if const_expr(not WIDE):
+                            # ---- last step of a chunk: fold the chunk into the sub, restart from I.
+                            # The same _fold_w / _fold_v as a wide cluster's DSMEM fold, so the bits match.
+                            if k + 1 == chunk_end:
+                                c_lo = c_lo + 1
+                                chunk_end = (c_lo + 1) * n_steps // n_chunks - k_begin
+                                for h in cutlass.range_constexpr(2):
+                                    l_chunk = _quad_sum(row_sum[h])
+                                    m_new, fw[h, 0], fw[h, 1] = _fold_w(acc_m[h], row_max[h])
+                                    acc_l[h] = _fold_v(acc_l[h], fw[h, 0], l_chunk, fw[h, 1])
+                                    acc_m[h] = m_new
+                                    row_max[h] = NEG_BIG
+                                    row_sum[h] = 0.0
+                                for i in cutlass.range_constexpr(cute.size(tOrO)):
+                                    acc_o[i] = _fold_v(acc_o[i], fw[(i // 2) % 2, 0], tOrO[i], fw[(i // 2) % 2, 1])
+                                    tOrO[i] = 0.0
+
                     # ---- rows this CTA merges and writes: rank's RPR rows, TPRM threads x CPTM columns each
                     RPR, TPRM, CPTM = self.RPR, self.TPRM, self.CPTM
                     m_act = Int32(tidx < RPR * TPRM)
@@ -568,70 +688,100 @@ if _IMPORT_ERROR is None:
                     cute.autovec_copy(cute.local_tile(mY, (1, CPTM), (row_g, gate_col // CPTM))[0, None], gt)
                     cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
 
-                    # ---- (O, m, l) of the CTA -> sX [64, 64] fp32, sXm [MR, 2]. sX lies over the K
-                    # ring and, when that is smaller than 16 KB, the V ring allocated right after it
-                    # (both 1 KB multiples; Attn2Config.create checks the size); rows >= MR are padding
+                    # ---- this CTA's partial (O, m, l): its chunk (wide) or its sub (deep) -> sX [64, 64]
+                    # fp32, sXm [MR, 2]. sX lies over the K ring and, when that is smaller than 16 KB, the
+                    # V ring allocated right after it (both 1 KB multiples; Attn2Config.create checks the
+                    # size); rows >= MR are padding
                     sX = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=Float32),
                                           cute.make_layout((M_TILE, HEAD_DIM), stride=(HEAD_DIM, 1)))
                     tOsX = thr_pv.partition_C(sX)
                     for i in cutlass.range_constexpr(cute.size(tOrO)):
-                        tOsX[i] = tOrO[i]
+                        if const_expr(WIDE):
+                            tOsX[i] = tOrO[i]
+                        else:
+                            tOsX[i] = acc_o[i]
                     for h in cutlass.range_constexpr(2):
-                        row_sum[h] = _quad_sum(row_sum[h])
+                        if const_expr(WIDE):
+                            pm = row_max[h]
+                            pl = _quad_sum(row_sum[h])
+                        else:
+                            pm = acc_m[h]
+                            pl = acc_l[h]
                         xrow = 16 * w + lane // 4 + 8 * h
                         if lane % 4 == 0:
                             if xrow < MR:
-                                sXm[xrow, 0] = row_max[h]
-                                sXm[xrow, 1] = row_sum[h]
+                                sXm[xrow, 0] = pm
+                                sXm[xrow, 1] = pl
 
-                    # ---- merge the cluster's CS partials of my rows, in rank order (DSMEM)
+                    # ---- level 1 (DSMEM): rank c folds rows [c RPR, (c + 1) RPR) of the cluster's CS
+                    # partials, in rank order, starting from I. Wide: the 8 chunks -> sub cl (chunks past
+                    # the request's end are skipped, as a deep CTA never folds them). Deep: the 2 subs ->
+                    # node cl (an empty sub is I and is folded, as the wide merge folds I for it).
                     om = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
+                    om.fill(0.0)
                     m_g = Float32(NEG_BIG)
                     l_g = Float32(0.0)
-                    if const_expr(CS == 1):
-                        cute.arch.sync_threads()
-                        m_g = sXm[mrow, 0]
-                        l_g = sXm[mrow, 1]
-                        cute.autovec_copy(cute.local_tile(sX, (1, CPTM), (mrow, tidx % TPRM))[0, None], om)
-                    else:
-                        cute.arch.cluster_arrive()       # release my sX / sXm to the cluster
-                        cute.arch.cluster_wait()
-                        mj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
-                        lj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
-                        oj = cute.make_rmem_tensor(cute.make_layout((CPTM, CS), stride=(1, CPTM)), Float32)
-                        xo = mrow * HEAD_DIM + cm0
-                        for j in cutlass.range_constexpr(CS):
-                            a_ml = cute.arch.map_dsmem_ptr(sXm.iterator + 2 * mrow, Int32(j)).toint()
-                            mj[j], lj[j] = _ld_dsmem_f32x2(a_ml)
-                            a_o = cute.arch.map_dsmem_ptr(sX.iterator + xo, Int32(j)).toint()
-                            for q in cutlass.range_constexpr(CPTM // 4):
-                                oj[4 * q, j], oj[4 * q + 1, j], oj[4 * q + 2, j], oj[4 * q + 3, j] = \
-                                    _ld_dsmem_f32x4(a_o + 16 * q)
-                        m_g = mj[0]
-                        for j in cutlass.range_constexpr(1, CS):
-                            m_g = cute.arch.fmax(m_g, mj[j])
-                        for c in cutlass.range_constexpr(CPTM):
-                            om[c] = 0.0
-                        for j in cutlass.range_constexpr(CS):
-                            fj = cute.math.exp2(mj[j] - m_g, fastmath=True)
-                            l_g = l_g + lj[j] * fj
+                    cute.arch.cluster_arrive()       # release my sX / sXm to the cluster
+                    cute.arch.cluster_wait()
+                    mj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
+                    lj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
+                    oj = cute.make_rmem_tensor(cute.make_layout((CPTM, CS), stride=(1, CPTM)), Float32)
+                    xo = mrow * HEAD_DIM + cm0
+                    for j in cutlass.range_constexpr(CS):      # every peer is alive until the 2nd barrier
+                        a_ml = cute.arch.map_dsmem_ptr(sXm.iterator + 2 * mrow, Int32(j)).toint()
+                        mj[j], lj[j] = _ld_dsmem_f32x2(a_ml)
+                        a_o = cute.arch.map_dsmem_ptr(sX.iterator + xo, Int32(j)).toint()
+                        for q in cutlass.range_constexpr(CPTM // 4):
+                            oj[4 * q, j], oj[4 * q + 1, j], oj[4 * q + 2, j], oj[4 * q + 3, j] = \
+                                _ld_dsmem_f32x4(a_o + 16 * q)
+                    for j in cutlass.range_constexpr(CS):
+                        m_new, fa, fb = _fold_w(m_g, mj[j])
+                        if const_expr(WIDE):
+                            # a chunk past the request's end keeps the fold as it is (selected, exact)
+                            take = Int32(cl * SUB_CHUNKS + j < n_chunks)
+                            l_g = _sel(take, _fold_v(l_g, fa, lj[j], fb), l_g)
                             for c in cutlass.range_constexpr(CPTM):
-                                om[c] = om[c] + oj[c, j] * fj
-                        cute.arch.cluster_arrive()       # peers are done reading my smem before I go on
-                        cute.arch.cluster_wait()
-                    writes_out = Int32(1)      # n_cl == 1: this CTA's merge is the whole row
+                                om[c] = _sel(take, _fold_v(om[c], fa, oj[c, j], fb), om[c])
+                            m_g = _sel(take, m_new, m_g)
+                        else:
+                            l_g = _fold_v(l_g, fa, lj[j], fb)
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = _fold_v(om[c], fa, oj[c, j], fb)
+                            m_g = m_new
+                    # every load of a peer's smem issued above has returned (its value is used), so a
+                    # relaxed arrive suffices to let the peers exit
+                    cute.arch.cluster_arrive_relaxed()
+                    cute.arch.cluster_wait()
+                    if const_expr(WIDE):
+                        if n_subs == 1:
+                            # node 0 = fold(fold(I, sub 0), I): what a deep pair whose rank 1 is empty computes
+                            m1, fa, fb = _fold_w(Float32(NEG_BIG), m_g)
+                            l1 = _fold_v(Float32(0.0), fa, l_g, fb)
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = _fold_v(Float32(0.0), fa, om[c], fb)
+                            m_g, fa, fb = _fold_w(m1, Float32(NEG_BIG))
+                            l_g = _fold_v(l1, fa, Float32(0.0), fb)
+                            for c in cutlass.range_constexpr(CPTM):
+                                om[c] = _fold_v(om[c], fa, Float32(0.0), fb)
+
+                    writes_out = Int32(1)      # n_cl == 1: the (only) node is the whole row
                     if n_cl > 1:
-                        # ---- cluster partial -> workspace; ticket per (request, KV head, rank); the
-                        # last arriving cluster's CTA of this rank merges the n_cl partials in order
-                        CL_MAX = self.CL_MAX
-                        nslot = R * hkv * CL_MAX
+                        # ---- level 2: my partial (node, or sub when wide) -> workspace slot cl of (r, g);
+                        # ticket per (request, KV head, rank); the last arriving cluster's CTA of this rank
+                        # merges the nodes of its rows in order
+                        SLOTS = self.SLOTS
+                        nslot = R * hkv * SLOTS
                         wsf = cute.recast_ptr(mWs.iterator, dtype=Float32)
                         gWO = cute.make_tensor(wsf, cute.make_layout((nslot, MR, HEAD_DIM),
                                                                      stride=(MR * HEAD_DIM, HEAD_DIM, 1)))
                         gWM = cute.make_tensor(wsf + nslot * MR * HEAD_DIM,
                                                cute.make_layout((nslot, MR, 2), stride=(MR * 2, 2, 1)))
-                        cnt_ptr = cute.recast_ptr(wsf + nslot * MR * (HEAD_DIM + 2), dtype=Uint32) + ((r * hkv + g) * CS + rank)
-                        slot0 = (r * hkv + g) * CL_MAX
+                        # counters count back from the end of the workspace: their places do not move
+                        # with R, so one workspace serves calls of any batch size
+                        n_words = mWs.shape[0] // 4
+                        cnt_ptr = cute.recast_ptr(mWs.iterator, dtype=Uint32) + \
+                            (n_words - 1 - ((r * hkv + g) * SUB_CHUNKS + rank))
+                        slot0 = (r * hkv + g) * SLOTS
                         if m_act != 0:
                             cute.autovec_copy(om, cute.local_tile(gWO[slot0 + cl, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None])
                             if tidx % TPRM == 0:
@@ -651,37 +801,73 @@ if _IMPORT_ERROR is None:
                         cute.arch.sync_threads()     # the ticket's acquire (thread 0) -> every thread
                         writes_out = sFlag[0]
                         if writes_out != 0:
-                            # two passes over the n_cl partials of my rows, loads in independent
-                            # groups (indices clamped, clusters >= n_cl weighted 0: x + 0 = x):
-                            # the max of m, then l and O summed in cluster order
+                            NPS = 2 if WIDE else 1          # partials per node
+                            NODES = self.NODES_MAX
+                            GRP = max(1, min(NODES, 32 // (CPTM * NPS)))   # nodes per group of loads
+                            # pass 1: M = the largest node max = the largest partial max (max is exact);
+                            # loads in independent groups, indices clamped (a repeat leaves the max as
+                            # is). With one group of nodes, M comes from pass 2's loads instead.
+                            CL_MAX = self.CL_MAX
                             GM = min(CL_MAX, 8)
                             mbuf = cute.make_rmem_tensor(cute.make_layout(GM), Float32)
-                            mg = gWM[slot0, mrow, 0]
-                            for kg0 in cutlass.range_constexpr(0, CL_MAX, GM):
-                                if kg0 < n_cl:
-                                    for u in cutlass.range_constexpr(GM):
-                                        mbuf[u] = gWM[slot0 + cutlass.min(Int32(kg0 + u), n_cl - 1), mrow, 0]
-                                    for u in cutlass.range_constexpr(GM):
-                                        mg = cute.arch.fmax(mg, mbuf[u])
-                            GRP = max(1, min(CL_MAX, 32 // CPTM))
-                            ok = cute.make_rmem_tensor(cute.make_layout((CPTM, GRP), stride=(1, CPTM)), Float32)
-                            mlk = cute.make_rmem_tensor(cute.make_layout((2, GRP), stride=(1, 2)), Float32)
+                            m_top = Float32(NEG_BIG)
+                            if n_nodes > GRP:
+                                for kg0 in cutlass.range_constexpr(0, CL_MAX, GM):
+                                    if kg0 < n_cl:
+                                        for u in cutlass.range_constexpr(GM):
+                                            mbuf[u] = gWM[slot0 + cutlass.min(Int32(kg0 + u), n_cl - 1), mrow, 0]
+                                        for u in cutlass.range_constexpr(GM):
+                                            m_top = cute.arch.fmax(m_top, mbuf[u])
+                            # pass 2: the nodes in order, each weighted ex2(m - M); a wide merge first
+                            # folds each node from its two subs as a deep pair does
                             l_g = Float32(0.0)
-                            for c in cutlass.range_constexpr(CPTM):
-                                om[c] = 0.0
-                            for kg0 in cutlass.range_constexpr(0, CL_MAX, GRP):
-                                if kg0 < n_cl:
+                            om.fill(0.0)
+                            ok = cute.make_rmem_tensor(cute.make_layout((CPTM, NPS, GRP), stride=(1, CPTM, CPTM * NPS)), Float32)
+                            mlk = cute.make_rmem_tensor(cute.make_layout((2, NPS, GRP), stride=(1, 2, 2 * NPS)), Float32)
+                            onode = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
+                            for kg0 in cutlass.range_constexpr(0, NODES, GRP):
+                                if kg0 < n_nodes:
                                     for u in cutlass.range_constexpr(GRP):
-                                        kk = cutlass.min(Int32(kg0 + u), n_cl - 1)
-                                        mlk[0, u] = gWM[slot0 + kk, mrow, 0]
-                                        mlk[1, u] = gWM[slot0 + kk, mrow, 1]
-                                        cute.autovec_copy(cute.local_tile(gWO[slot0 + kk, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None], ok[None, u])
+                                        for e in cutlass.range_constexpr(NPS):
+                                            kk = cutlass.min(Int32((kg0 + u) * NPS + e), n_cl - 1)
+                                            mlk[0, e, u] = gWM[slot0 + kk, mrow, 0]
+                                            mlk[1, e, u] = gWM[slot0 + kk, mrow, 1]
+                                            cute.autovec_copy(cute.local_tile(gWO[slot0 + kk, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None], ok[None, e, u])
+                                    if const_expr(kg0 == 0):
+                                        if n_nodes <= GRP:    # the loads cover every partial
+                                            for u in cutlass.range_constexpr(GRP):
+                                                for e in cutlass.range_constexpr(NPS):
+                                                    m_top = cute.arch.fmax(m_top, mlk[0, e, u])
                                     for u in cutlass.range_constexpr(GRP):
-                                        if const_expr(kg0 + u < CL_MAX):
-                                            fk = cute.math.exp2(mlk[0, u] - mg, fastmath=True) * Float32(kg0 + u < n_cl)
-                                            l_g = l_g + mlk[1, u] * fk
-                                            for c in cutlass.range_constexpr(CPTM):
-                                                om[c] = om[c] + ok[c, u] * fk
+                                        if const_expr(kg0 + u < NODES):
+                                            if kg0 + u < n_nodes:
+                                                m_n = mlk[0, 0, u]
+                                                l_n = mlk[1, 0, u]
+                                                for c in cutlass.range_constexpr(CPTM):
+                                                    onode[c] = ok[c, 0, u]
+                                                if const_expr(WIDE):
+                                                    if 2 * (kg0 + u) + 1 >= n_subs:   # the node's second sub is I
+                                                        mlk[0, 1, u] = NEG_BIG
+                                                        mlk[1, 1, u] = 0.0
+                                                        for c in cutlass.range_constexpr(CPTM):
+                                                            ok[c, 1, u] = 0.0
+                                                    m1, fa, fb = _fold_w(Float32(NEG_BIG), mlk[0, 0, u])
+                                                    l1 = _fold_v(Float32(0.0), fa, mlk[1, 0, u], fb)
+                                                    for c in cutlass.range_constexpr(CPTM):
+                                                        onode[c] = _fold_v(Float32(0.0), fa, ok[c, 0, u], fb)
+                                                    m_n, fa, fb = _fold_w(m1, mlk[0, 1, u])
+                                                    l_n = _fold_v(l1, fa, mlk[1, 1, u], fb)
+                                                    for c in cutlass.range_constexpr(CPTM):
+                                                        onode[c] = _fold_v(onode[c], fa, ok[c, 1, u], fb)
+                                                if n_nodes == 1:      # wide only: the node is the whole row
+                                                    l_g = l_n
+                                                    for c in cutlass.range_constexpr(CPTM):
+                                                        om[c] = onode[c]
+                                                else:
+                                                    f = cute.math.exp2(_sub(m_n, m_top), fastmath=True)
+                                                    l_g = _fma(l_n, f, l_g)
+                                                    for c in cutlass.range_constexpr(CPTM):
+                                                        om[c] = _fma(onode[c], f, om[c])
 
                     # ---- epilogue (the single writer of these rows): o / l, norm, gate, out
                     if writes_out != 0:
@@ -695,16 +881,22 @@ if _IMPORT_ERROR is None:
 _CACHE: dict = {}
 
 
-def _config(q_len: int, window: int, max_seq_len: int, **over) -> "Attn2Config":
+def wide_layout(num_requests: int, kv_heads: int) -> bool:
+    """The layout a launch uses: wide for few (request, KV head) pairs, where one CTA per chunk
+    fills the GPU, deep otherwise. A host decision on shapes only; the bits do not depend on it."""
+    return num_requests * kv_heads <= WIDE_MAX_PAIRS
+
+
+def _config(q_len: int, window: int, max_seq_len: int, wide: bool = False, **over) -> "Attn2Config":
     if over:
-        return Attn2Config.create(q_len, window, max_seq_len, **over)
-    return _default_config(q_len, window, max_seq_len)
+        return Attn2Config.create(q_len, window, max_seq_len, wide, **over)
+    return _default_config(q_len, window, max_seq_len, wide)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_config(q_len: int, window: int, max_seq_len: int) -> "Attn2Config":
-    """The deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
-    return Attn2Config.create(q_len, window, max_seq_len)
+def _default_config(q_len: int, window: int, max_seq_len: int, wide: bool) -> "Attn2Config":
+    """A deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
+    return Attn2Config.create(q_len, window, max_seq_len, wide)
 
 
 def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
@@ -758,21 +950,29 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
 
 
 def prepare(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> None:
-    """Compile the variant of a deployment (build time). kv_heads is a run-time dimension."""
-    compile_attn2(_config(q_len, window, max_seq_len))
+    """Compile both layouts of a deployment (build time). kv_heads is a run-time dimension."""
+    for wide in (False, True):
+        compile_attn2(_config(q_len, window, max_seq_len, wide))
 
 
 def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
+    """Bytes for calls of up to num_requests requests (both layouts use the same slots; the
+    counters sit at the end, so any smaller batch finds its counters where they were)."""
     return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
                  window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None) -> None:
     """Write out on torch's current stream (graph-capturable; no host sync)."""
-    cfg = _config(q_len, window, max_seq_len, **(_cfg_override or {}))
     R = seq_lens.shape[0]
     if R == 0:
         return
+    if _cfg_override:         # dev tools: a layout or a tuning knob forced
+        over = dict(_cfg_override)
+        wide = over.pop("wide", wide_layout(R, kv_cache.shape[1]))
+        cfg = _config(q_len, window, max_seq_len, wide, **over)
+    else:
+        cfg = _default_config(q_len, window, max_seq_len, wide_layout(R, kv_cache.shape[1]))
     need = workspace_layout(cfg, R, kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {R} requests, got {workspace.numel()}")
@@ -786,7 +986,8 @@ def compile_all_variants_for_ci(max_seq_lens=(2048, 32768, 262144)) -> list:
     for q_len in (1, 8):
         for window in (0, 2048):
             for msl in max_seq_lens:
-                cfg = _config(q_len, window, msl)
-                compile_attn2(cfg)
-                done.append(cfg)
+                for wide in (False, True):
+                    cfg = _config(q_len, window, msl, wide)
+                    compile_attn2(cfg)
+                    done.append(cfg)
     return done

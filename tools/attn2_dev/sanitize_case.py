@@ -1,5 +1,5 @@
-"""Small launch for compute-sanitizer (memcheck / racecheck): cluster DSMEM merge, cross-cluster
-merge (L=5000), tail page, one-token request."""
+"""Small launches for compute-sanitizer (memcheck / racecheck / synccheck), both layouts: cluster
+DSMEM merges, the level-2 merge (L=5000: 2 nodes, 4 subs), tail page, one-token request."""
 import os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import torch
@@ -7,6 +7,8 @@ from muse_ops.cutedsl import attn2 as A
 from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, SCALE
 for q_len in (8, 1):
     y, cache, pt, seq = make_case([q_len, 100, 1200, 5000], 1, q_len, seed=4)   # 5000: 3 clusters
-    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=0, max_seq_len=8192)
-    torch.cuda.synchronize()
-    print("sanitize case q_len", q_len, check_close(out, ref_float64(y, cache, pt, seq, q_len=q_len, window=0, scale=SCALE)), int(err.item()))
+    for wide in (False, True):
+        out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=0, max_seq_len=8192, wide=wide)
+        torch.cuda.synchronize()
+        print("sanitize case q_len", q_len, "wide", wide,
+              check_close(out, ref_float64(y, cache, pt, seq, q_len=q_len, window=0, scale=SCALE)), int(err.item()))
