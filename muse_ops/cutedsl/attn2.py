@@ -12,23 +12,38 @@ Tensors (all contiguous, 16-byte aligned):
     page_table int32 [R, max_pages]            logical page -> physical page
     seq_lens   int32 [R]                       L (includes the q_len new tokens)
     out        bf16  [q_len * R, Hq * 64]
-    workspace  uint8 [workspace_bytes(...)]    fp32 cluster partials, fp32 (m, l), uint32 counters
+    workspace  uint8 [workspace_bytes(...)]    fp32 partials O and (m, l); uint32 counters at the end
     error_flag int32 [1]                       |= 1: L outside [q_len, max_seq_len]; |= 2: bad page
 
-Design (seed 000's split-KV with a cluster merge, one split rule for every length instead of the
-seed's one-cluster / split variants, and wgmma + TMA instead of the seed's mma.sync + cp.async):
-- Grid (CS * CL_MAX, Hkv, R), 128 threads = one warpgroup, clusters of CS CTAs along x. CTA
-  (s, g, r) owns every query row of request r and KV head g (q_len * 8 rows, token-major: row
-  m = t * 8 + j, zero-padded to the wgmma M of 64) and the ring steps [s * sps, (s + 1) * sps) of
-  the request's visible pages; cluster cl = s // CS. Warp w holds rows 16 w .. 16 w + 15 of the
-  accumulators (tokens 2w, 2w + 1), lane rows lane // 4 and lane // 4 + 8 (the wgmma C layout).
-- Split rule (per request, from its OWN L and the compile-time deployment only): the visible
-  pages [first_page, last_page] are cut into steps of SP pages; n_cl = max(1, min(CL_MAX,
-  steps // (CS * MIN_STEPS))) clusters (so a CTA has between MIN_STEPS and 2 MIN_STEPS steps
-  until CL_MAX is reached); sps = ceil(steps / (n_cl * CS)); n_cl re-derived so no cluster is
-  empty. Clusters >= n_cl exit at once; a CTA of a live cluster may have no steps and still takes
-  part (an empty partial: m = -1e30, l = 0). Hence the output bits of a request depend neither on
-  the batch (batch invariance) nor on timing (fixed merge orders).
+Design (seed 000's split-KV with cluster and workspace merges, and wgmma + TMA instead of the
+seed's mma.sync + cp.async; one reduction tree per request instead of the seed's one-cluster /
+split variants):
+- The reduction tree of a request depends on its own L and the deployment only (split_plan):
+  its visible pages are cut into ring steps of SP pages; about steps // 32 nodes (1 to
+  NODES_MAX); 2 subs per node; SUB_CHUNKS chunks per sub (1 for window deployments); chunk j
+  covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online softmax
+  from the identity I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a node
+  is fold(fold(I, sub 2i), sub 2i + 1) (a missing sub is I); the output is the flat sum of the
+  nodes weighted by ex2(m - M), M the largest node max. Every fold is the same explicit PTX
+  (_fold_w / _fold_v: max, ex2.approx, mul.rn, fma.rn) wherever it runs, so its bits do not
+  depend on which CTA, thread or layout ran it.
+- Two layouts of that tree on CTAs, chosen on the host from the batch shape (wide_layout):
+  wide (R * Hkv <= WIDE_MAX_PAIRS, no window): one CTA per chunk, an 8-CTA cluster per sub, so a
+  single request at L = 8192 runs on 128 CTAs of 2 steps; deep (otherwise): one CTA per sub,
+  which folds its chunks in registers (acc_*), a CTA pair per node. Both compute the same tree,
+  so a request's bits depend neither on the batch (batch invariance) nor on timing (fixed fold
+  orders). Why: every CTA pays three dependent loads (seq_len -> page table -> first KV, ~2 us)
+  and a merge (~2 us) around its steps, and one warpgroup alone on an SM takes ~0.65 us per
+  step (measured with globaltimer stamps, bench/RESULTS.md): a request alone needs many short
+  CTAs, a full batch needs few long ones. The price in deep: a second O accumulator (126
+  registers, 4 CTAs per SM) and a fold per chunk.
+- Grid (CS, Hkv * R, CL_MAX) with clusters of CS CTAs along x: the cluster index is the slowest
+  dimension, so the clusters that have work (low indices) are dispatched first and the idle ones
+  (beyond the request's subs / nodes) exit at the end. 128 threads = one warpgroup. CTA
+  (rank, g, r) of cluster cl owns every query row of request r and KV head g (q_len * 8 rows,
+  token-major: row m = t * 8 + j, zero-padded to the wgmma M of 64). Warp w holds rows
+  16 w .. 16 w + 15 of the accumulators (tokens 2w, 2w + 1), lane rows lane // 4 and
+  lane // 4 + 8 (the wgmma C layout).
 - KV ring: NST stages of SP pages. Warp 0 issues, per page, one TMA box (16 rows x 64 columns) for
   its K half and one for its V half into 128 B-swizzled smem (the canonical K-major wgmma layout),
   completing on the stage's mbarrier; a CTA barrier per step frees the stage read in the step
@@ -47,26 +62,23 @@ seed's one-cluster / split variants, and wgmma + TMA instead of the seed's mma.s
   rule depends on the data alone, so the bits stay deterministic; softmax does not depend on
   the reference point, so only rounding changes. Running max starts at -1e30 (finite), so fully
   masked tiles need no branch.
-- Merge, level 1 (inside the cluster): each CTA leaves its (O, m, l) rows in its idle ring; after
-  a cluster barrier, rank c reads rows [c * RPR, (c + 1) * RPR) of all CS peers over DSMEM
-  (ld.shared::cluster) and merges them in rank order (max, then sums, fp32); a second cluster
-  barrier keeps every CTA's smem alive until its peers are done.
-- Merge, level 2 (n_cl > 1): rank c writes its rows of the cluster partial to the workspace, then
-  one thread takes a ticket (fence.acq_rel.gpu + atom.acq_rel.add) on the counter of (request,
-  KV head, rank c); the last arriving cluster's CTA of rank c resets the counter to 0 and merges
-  the n_cl partials of its rows in cluster order. Counters are self-resetting, so the caller
-  zeroes the workspace once. The merge work of a request is spread over its CS ranks.
-- n_cl == 1 (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
-  smem once; the level-2 merge loads partials in independent groups with clamped indices and
-  weight 0 past n_cl (x + 0 = x, so bits do not change).
-- Why this rule (Attn2Config.create has the numbers): every CTA pays three dependent loads
-  (seq_len -> page table -> first KV) before it streams and a merge after it; many short CTAs
-  win at B=1 and lose at large batch, and the split may not look at the batch, so the rule
-  favours batches. q_len 1 uses the same kernel (8 real rows of the 64).
-- Status (H200, 2026-11-29, bench/RESULTS.md): correct, deterministic, batch invariant; faster
-  than FA4 + norm-gate on every bench case and within 1.4x of the floor where it is >= 20 us;
-  NOT at <= 8 us for B=1 L=8192 (about 20 us; a TMA-only variant with no math already needs
-  8.2 us there with 8-CTA clusters of 4-step CTAs).
+- Merge, level 1 (DSMEM): each CTA leaves its partial (O, m, l) rows in its idle ring (a wide
+  CTA its chunk, a deep CTA its sub); after a cluster barrier, rank c reads rows
+  [c * RPR, (c + 1) * RPR) of all CS peers (ld.shared::cluster) and folds them in rank order from
+  I (wide: chunks past the request's end are skipped by selection; deep: the pair's two subs).
+  A second, relaxed cluster barrier keeps every CTA's smem alive until its peers are done.
+- Merge, level 2 (more than one node, or more than one sub when wide): rank c writes its rows of
+  the cluster's partial to the workspace, one thread takes a ticket (fence.acq_rel.gpu +
+  atom.acq_rel.add) on the counter of (request, KV head, rank c); the last arriving cluster's CTA
+  of rank c resets it to 0 and merges the partials of its rows: the largest max first, then the
+  nodes in order (wide: each folded from its two subs first). Counters are self-resetting and
+  sit at the end of the workspace, so one zeroed workspace serves calls of any batch size.
+- One node (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
+  smem once (a wide CTA also prefetches its guessed entries to L2 while it reads seq_len).
+- Status (H200, 2026-11-29, bench/RESULTS.md): correct, deterministic, batch invariant, both
+  layouts bit-identical; faster than FA4 + norm-gate on every bench case; B=1 L=8192 in 9.1 us
+  (the issue asks <= 8); B=16 L=65536 and B=128 W=2048 at 1.42x and 1.45x of the floor (the issue
+  asks <= 1.4x where the floor is >= 20 us). q_len 1 uses the same kernel (8 real rows of the 64).
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
@@ -185,9 +197,10 @@ class Attn2Config:
     @staticmethod
     def create(q_len: int, window: int, max_seq_len: int, wide: bool = False,
                stages: int | None = None, min_blocks: int | None = None) -> "Attn2Config":
-        # 2-stage ring of 4-page steps, 4 CTAs per SM (deep). Measured on the H200 before the tree
-        # (bench/RESULTS.md): deeper rings (3-4 stages) gain nothing, the loop is latency-bound
-        # (about 0.75 us per step for one warpgroup alone on an SM, 4 stages: 0.73).
+        # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM. Measured on the H200
+        # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
+        # once): B=1 L=8192 9.3 vs 9.5, but B=8 L=2048 17.1 vs 13.2 (3 CTAs per SM instead of 5);
+        # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
         sp = 4
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE + 2

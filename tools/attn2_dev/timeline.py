@@ -1,0 +1,141 @@
+"""Where a launch's time goes: per-CTA %globaltimer stamps (thread 0) at the kernel's phase
+boundaries, from the last call of a CUDA graph (like run_dev.py's timing).
+
+    python3 tools/attn2_dev/timeline.py make         # CPU: write .device/attn2_tl.py, an
+                                                     # instrumented copy of muse_ops/cutedsl/attn2.py
+    python3 tools/attn2_dev/timeline.py run          # device: print the phase table
+env TLC: cases [(B, L, W), ...]; TLV: config overrides [{"wide": True}, ...].
+The copy is made by inserting stamps after anchor lines of attn2.py; an anchor that moved fails
+loudly. The stamps live in an extra workspace region; the timer ticks in ~32 ns steps and the
+kernel is otherwise unchanged (a few % slower)."""
+import math
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+OUT_FILE = os.path.join(ROOT, ".device", "attn2_tl.py")
+NS = 16     # stamp slots per CTA
+NAMES = {0: "start", 1: "L", 2: "pt+Q", 3: "kv0", 4: "loop", 8: "sync", 9: "sX", 10: "clbar1",
+         11: "dsmem", 5: "clbar2", 12: "part", 6: "ticket", 7: "end"}
+ORDER = [0, 1, 2, 3, 4, 8, 9, 10, 11, 5, 12, 6, 7]
+
+
+def make():
+    src = open(os.path.join(ROOT, "muse_ops", "cutedsl", "attn2.py")).read()
+
+    def rep(a, b):
+        nonlocal src
+        assert src.count(a) == 1, ("anchor moved", a[:70], src.count(a))
+        src = src.replace(a, b)
+
+    def st(i, ind):
+        return f"{ind}if tidx == 0:\n{ind}    dbg[cta_d, {i}] = cute.arch.globaltimer()\n"
+    rep("    return off, n_cnt, (off + 4 * nslot * cfg.mr * 2 + 4 * n_cnt + 15) // 16 * 16",
+        "    return off, n_cnt, (off + 4 * nslot * cfg.mr * 2 + 8 * NSTAMP * num_requests * kv_heads"
+        " * cfg.cs * cfg.cl_max + 4 * n_cnt + 15) // 16 * 16")
+    rep("RESCALE_SLACK = 8.0", f"RESCALE_SLACK = 8.0\nNSTAMP = {NS}")
+    rep("            L = mSeq[r]\n            bad_len",
+        "            off_d = 4 * (R * hkv * self.SLOTS) * MR * (HEAD_DIM + 2)\n"
+        "            dbg = cute.make_tensor(cute.recast_ptr(mWs.iterator + off_d, dtype=Int64),\n"
+        "                                   cute.make_layout((R * hkv * self.CS * self.CL_MAX, NSTAMP), stride=(NSTAMP, 1)))\n"
+        "            cta_d = (r * hkv + g) * (self.CS * self.CL_MAX) + s\n"
+        + st(0, " " * 12) + "            L = mSeq[r]\n            bad_len")
+    rep("                if cl < n_cl:\n                    # every CTA",
+        "                if tidx == 0:\n                    dbg[cta_d, 1] = cute.arch.globaltimer() + Int64(L - L)\n"
+        "                if cl < n_cl:\n                    # every CTA")
+    a = "                    cute.arch.sync_threads()               # sQ, sPT and the mbarriers visible\n"
+    rep(a, a + st(2, " " * 20))
+    a = "                        cute.arch.mbarrier_wait(full + st, (k // NST) % 2)\n"
+    rep(a, a + "                        if k == 0:\n" + st(3, " " * 28))
+    a = "                    cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them\n"
+    rep(a, st(4, " " * 20) + a + st(8, " " * 20))
+    a = ("                    cute.arch.cluster_arrive()       # release my sX / sXm to the cluster\n"
+         "                    cute.arch.cluster_wait()\n")
+    rep(a, st(9, " " * 20) + a + st(10, " " * 20))
+    a = "                    cute.arch.cluster_arrive_relaxed()\n"
+    rep(a, st(11, " " * 20) + a)
+    a = "                    writes_out = Int32(1)      # n_cl == 1"
+    rep(a, st(5, " " * 20) + a)
+    a = "                        cute.arch.sync_threads()\n                        if tidx == 0:\n                            cute.arch.fence_acq_rel_gpu()"
+    rep(a, "                        cute.arch.sync_threads()\n" + st(12, " " * 24)
+        + "                        if tidx == 0:\n                            cute.arch.fence_acq_rel_gpu()")
+    a = "                        writes_out = sFlag[0]\n"
+    rep(a, a + st(6, " " * 24))
+    a = "                        _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)\n"
+    rep(a, a + st(7, " " * 20))
+    os.makedirs(os.path.dirname(OUT_FILE), exist_ok=True)
+    open(OUT_FILE, "w").write(src)
+    print("wrote", OUT_FILE)
+
+
+def probe(A, B, L, W, over, q_len=8, hkv=2, msl=1 << 18):
+    import torch
+    dev = "cuda"
+    npg = (L + 15) // 16
+    pool_bytes = B * npg * hkv * 16 * 256
+    n_pools = max(1, min(16, math.ceil(200e6 / pool_bytes)))
+    pools = []
+    for _ in range(n_pools):
+        cache = torch.randn(B * npg + 8, hkv, 16, 128, device=dev, dtype=torch.bfloat16)
+        perm = torch.randperm(B * npg + 8, device=dev).to(torch.int32)
+        pt = torch.full((B, npg + 1), -1, dtype=torch.int32, device=dev)
+        pt[:, :npg] = perm[:B * npg].view(B, npg)
+        pools.append((cache, pt))
+    seq = torch.full((B,), L, dtype=torch.int32, device=dev)
+    y = torch.randn(q_len * B, 1152 * hkv, device=dev).to(torch.bfloat16)
+    out = torch.empty(q_len * B, 512 * hkv, device=dev, dtype=torch.bfloat16)
+    o2 = dict(over)
+    cfg = A._config(q_len, W, msl, o2.pop("wide", A.wide_layout(B, hkv, W)), **o2)   # the launch's layout
+    ws = torch.zeros(A.workspace_layout(cfg, B, hkv)[2], dtype=torch.uint8, device=dev)
+    dbg_off = 4 * B * hkv * cfg.slots * cfg.mr * 66
+    n_dbg = B * hkv * cfg.cs * cfg.cl_max
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+    kw = dict(q_len=q_len, window=W, scale=0.125, max_seq_len=msl, _cfg_override=over)
+    calls = max(20, n_pools)
+    A.launch_attn2(y, *pools[0], seq, out, ws, err, **kw)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            A.launch_attn2(y, *pools[i % n_pools], seq, out, ws, err, **kw)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(7):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / calls)
+    d = ws[dbg_off:dbg_off + 8 * NS * n_dbg].view(torch.int64).view(-1, NS).cpu()
+    d = d[d[:, 0] > 0]
+    t0 = d[:, 0].min().item()
+    work = d[d[:, 4] > 0]
+    line = (f"TL {str((B, L, W)):16s} {str(over):24s} graph {statistics.median(ts):6.2f} us/call  span "
+            f"{(d[:, 7].max().item() - t0) / 1e3:6.2f}  CTAs {len(d)} working {len(work)}\n   at (median/max us):")
+    deltas, prev = "   phase (median us):", None
+    for j in ORDER:
+        col = work[:, j]
+        if (col > 0).any():
+            v = (col[col > 0].double() - t0) / 1e3
+            line += f" {NAMES[j]} {v.median().item():.2f}/{v.max().item():.2f}"
+            if prev is not None:
+                ok = (work[:, prev] > 0) & (col > 0)
+                deltas += f" {NAMES[j]} {((col[ok] - work[ok, prev]).double().median().item() / 1e3):.2f}"
+            prev = j
+    print(line + "\n" + deltas, flush=True)
+
+
+def run():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("attn2_tl", OUT_FILE)
+    A = importlib.util.module_from_spec(spec)
+    sys.modules["attn2_tl"] = A          # dataclasses look their module up
+    spec.loader.exec_module(A)
+    for (B, L, W) in eval(os.environ.get("TLC", "[(1, 512, 0), (1, 8192, 0), (64, 8192, 0)]")):
+        for over in eval(os.environ.get("TLV", "[{}]")):
+            probe(A, B, L, W, over)
+
+
+if __name__ == "__main__":
+    {"make": make, "run": run}[sys.argv[1]]()
