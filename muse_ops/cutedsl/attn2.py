@@ -209,7 +209,8 @@ class Attn2Config:
         steps = (vis_pages + sp - 1) // sp
         if window > 0:
             wide = False          # sub_chunks(): a window deployment runs the deep layout
-        plans = [split_plan(n, sub_chunks(window)) for n in range(1, steps + 1)]
+        # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
+        plans = [split_plan(n, sub_chunks(window)) for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
         nodes_max = max(p[3] for p in plans)
         cfg = Attn2Config(q_len, window, max_seq_len, wide, nodes_max, chunk_max,
@@ -465,9 +466,9 @@ if _IMPORT_ERROR is None:
                     if tidx == 0:
                         cute.arch.atomic_or(mErr.iterator, Int32(1), sem="relaxed", scope="gpu")
             else:
-                # ---- the reduction tree of this request, from L and compile-time constants only:
-                # ring steps of SP pages -> chunks of C steps -> subs of SUB_CHUNKS chunks -> nodes
-                # of 2 subs (split_plan). Wide: CTA (cl, rank) computes chunk cl * SUB_CHUNKS + rank
+                # ---- the reduction tree of this request, from L and compile-time constants only
+                # (split_plan): ring steps of SP pages -> chunks (the steps cut evenly) -> subs of
+                # SUBC chunks -> nodes of 2 subs. Wide: CTA (cl, rank) computes chunk cl * SUBC + rank
                 # of sub cl. Deep: CTA (cl, rank) computes sub 2 cl + rank of node cl.
                 key_lo = Int32(0)
                 if const_expr(W > 0):
@@ -973,8 +974,9 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
         return False, f"q_len must be 1 or 8, got {q_len}"
     if kv_heads < 1 or window < 0 or max_seq_len < q_len:
         return False, f"bad deployment kv_heads={kv_heads} window={window} max_seq_len={max_seq_len}"
-    if max_seq_len >= 2**31 - 2**20:
-        return False, "max_seq_len too large for int32 indexing"
+    if max_seq_len > 2**21:
+        return False, ("max_seq_len above 2^21 tokens: a CTA stages its page-table slice in shared "
+                       "memory (8 KB at 2^21)")
     return True, "ok"
 
 
