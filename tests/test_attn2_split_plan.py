@@ -1,0 +1,43 @@
+"""CPU: the attn2 kernel's reduction tree (split_plan, mirrored in the kernel) and the deployment
+maxima that size its grid, workspace and shared memory. No cutlass needed: plain Python."""
+import pytest
+
+from muse_ops.cutedsl import attn2 as A
+
+
+def chunk_bounds(n_steps, n_chunks):
+    return [(j * n_steps // n_chunks, (j + 1) * n_steps // n_chunks) for j in range(n_chunks)]
+
+
+@pytest.mark.parametrize("per_sub", [A.SUB_CHUNKS, 1])
+def test_tree_covers_every_step_once_and_balances_subs(per_sub):
+    for n_steps in range(1, 4097):
+        c_max, n_chunks, n_subs, n_nodes = A.split_plan(n_steps, per_sub)
+        b = chunk_bounds(n_steps, n_chunks)
+        assert b[0][0] == 0 and b[-1][1] == n_steps
+        assert all(lo < hi for lo, hi in b), n_steps                       # no empty chunk
+        assert all(b[j][1] == b[j + 1][0] for j in range(n_chunks - 1))    # contiguous
+        assert max(hi - lo for lo, hi in b) == c_max
+        assert n_subs == -(-n_chunks // per_sub) and n_nodes == -(-n_subs // 2) <= A.NODES_MAX
+        if n_chunks % per_sub == 0:     # full subs: a deep CTA's work differs by at most a step
+            sub_steps = [b[s * per_sub + per_sub - 1][1] - b[s * per_sub][0] for s in range(n_subs)]
+            assert max(sub_steps) - min(sub_steps) <= 1, n_steps
+
+
+@pytest.mark.parametrize("q_len,window,max_seq_len",
+                         [(8, 0, 2048), (8, 0, 1 << 17), (1, 0, 1 << 18), (8, 2048, 1 << 17), (1, 64, 4096)])
+def test_deployment_maxima_bound_every_length(q_len, window, max_seq_len):
+    deep = A.Attn2Config.create(q_len, window, max_seq_len, wide=False)
+    wide = A.Attn2Config.create(q_len, window, max_seq_len, wide=True)
+    assert wide.wide == (window == 0)         # a window deployment has no wide layout
+    for L in range(q_len, max_seq_len + 1, 61):
+        first = max(0, L - q_len - window + 1) // 16 if window else 0
+        n_steps = ((L - 1) // 16 - first + deep.sp) // deep.sp
+        c_max, _, n_subs, n_nodes = A.split_plan(n_steps, deep.sub_chunks)
+        assert c_max <= deep.chunk_max and n_nodes <= deep.nodes_max and n_subs <= deep.slots
+        assert n_nodes <= deep.cl_max                                  # a cluster per node (deep)
+        assert deep.sub_chunks * c_max * deep.sp <= deep.pt_max        # a sub's pages fit its smem slice
+        if wide.wide:
+            assert n_subs <= wide.cl_max and c_max * wide.sp <= wide.pt_max   # a cluster per sub
+    # one workspace serves both layouts (the same slots; the counters at the end)
+    assert A.workspace_layout(deep, 7, 2) == A.workspace_layout(wide, 7, 2)
