@@ -292,6 +292,31 @@ if _IMPORT_ERROR is None:
         return _fma(x_a, w_a, _mul(x_b, w_b))
 
     @cute.jit
+    def _fold_into(m: Float32, l: Float32, o: cute.Tensor, m_b: Float32, l_b: Float32, o_b: cute.Tensor,
+                   take: Int32, selected: cutlass.Constexpr[bool]):
+        """(m, l, o) <- fold((m, l, o), (m_b, l_b, o_b)) for a row's columns o (in place); returns
+        (m, l). selected: where take == 0 the fold is discarded (selp, no branch, exact)."""
+        m_new, wa, wb = _fold_w(m, m_b)
+        if const_expr(selected):
+            l = _sel(take, _fold_v(l, wa, l_b, wb), l)
+            for c in cutlass.range_constexpr(cute.size(o)):
+                o[c] = _sel(take, _fold_v(o[c], wa, o_b[c], wb), o[c])
+            m_new = _sel(take, m_new, m)
+        else:
+            l = _fold_v(l, wa, l_b, wb)
+            for c in cutlass.range_constexpr(cute.size(o)):
+                o[c] = _fold_v(o[c], wa, o_b[c], wb)
+        return m_new, l
+
+    @cute.jit
+    def _node_into(o: cute.Tensor, m_a: Float32, l_a: Float32, o_a: cute.Tensor,
+                   m_b: Float32, l_b: Float32, o_b: cute.Tensor):
+        """A node from its two subs: fold(fold(I, a), b) into o (not o_a / o_b); returns (m, l)."""
+        o.fill(0.0)
+        m, l = _fold_into(Float32(NEG_BIG), Float32(0.0), o, m_a, l_a, o_a, Int32(1), False)
+        return _fold_into(m, l, o, m_b, l_b, o_b, Int32(1), False)
+
+    @cute.jit
     def _ld_dsmem_f32x2(addr: Int32):
         """Two fp32 at a shared::cluster address (mapa result) of a peer CTA."""
         return cute.arch.inline_ptx("ld.shared::cluster.v2.f32 {{$w0}, {$w1}}, [{$r0}];",
@@ -448,7 +473,7 @@ if _IMPORT_ERROR is None:
                 # when L is a multiple of 2048): to L2 while seq_len is read, so the page-table read
                 # that needs L mostly hits L2. A guess, never a dependency.
                 if tidx == 0:
-                    pg = cutlass.min((cl_z * self.CS + rank_x) * (2 * SP), mPT.shape[1] - 1)
+                    pg = cutlass.min(s * (2 * SP), mPT.shape[1] - 1)     # a wide CTA's chunk is s
                     _prefetch_l2((mPT.iterator + (r * mPT.shape[1] + pg)).toint())
             L = mSeq[r]
             bad_len = Int32(L < QL) + Int32(L > max_seq_len)
@@ -577,13 +602,13 @@ if _IMPORT_ERROR is None:
                     row_max.fill(NEG_BIG)
                     row_sum.fill(0.0)
                     corr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                    # deep: the sub = left fold of this CTA's chunks (starts as the identity I)
-                    acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
-                    acc_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                    acc_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                    fw = cute.make_rmem_tensor(cute.make_layout((2, 2), stride=(1, 2)), Float32)
                     chunk_end = Int32(0)     # deep: local step index where the current chunk ends
                     if const_expr(not WIDE):
+                        # the sub = left fold of this CTA's chunks, starting as the identity I
+                        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
+                        acc_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+                        acc_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+                        fw = cute.make_rmem_tensor(cute.make_layout((2, 2), stride=(1, 2)), Float32)
                         acc_o.fill(0.0)
                         acc_m.fill(NEG_BIG)
                         acc_l.fill(0.0)
@@ -764,34 +789,22 @@ if _IMPORT_ERROR is None:
                             oj[4 * q, j], oj[4 * q + 1, j], oj[4 * q + 2, j], oj[4 * q + 3, j] = \
                                 _ld_dsmem_f32x4(a_o + 16 * q)
                     for j in cutlass.range_constexpr(CS):
-                        m_new, fa, fb = _fold_w(m_g, mj[j])
-                        if const_expr(WIDE):
-                            # a chunk past the request's end keeps the fold as it is (selected, exact)
-                            take = Int32(cl * SUBC + j < n_chunks)
-                            l_g = _sel(take, _fold_v(l_g, fa, lj[j], fb), l_g)
-                            for c in cutlass.range_constexpr(CPTM):
-                                om[c] = _sel(take, _fold_v(om[c], fa, oj[c, j], fb), om[c])
-                            m_g = _sel(take, m_new, m_g)
-                        else:
-                            l_g = _fold_v(l_g, fa, lj[j], fb)
-                            for c in cutlass.range_constexpr(CPTM):
-                                om[c] = _fold_v(om[c], fa, oj[c, j], fb)
-                            m_g = m_new
+                        # wide: a chunk past the request's end leaves the fold as it is
+                        take = Int32(cl * SUBC + j < n_chunks)
+                        m_g, l_g = _fold_into(m_g, l_g, om, mj[j], lj[j], oj[None, j], take, WIDE)
                     # every load of a peer's smem issued above has returned (its value is used), so a
                     # relaxed arrive suffices to let the peers exit
                     cute.arch.cluster_arrive_relaxed()
                     cute.arch.cluster_wait()
+                    onode = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
+                    o_zero = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)   # O of I
+                    o_zero.fill(0.0)
                     if const_expr(WIDE):
                         if n_subs == 1:
                             # node 0 = fold(fold(I, sub 0), I): what a deep pair whose rank 1 is empty computes
-                            m1, fa, fb = _fold_w(Float32(NEG_BIG), m_g)
-                            l1 = _fold_v(Float32(0.0), fa, l_g, fb)
+                            m_g, l_g = _node_into(onode, m_g, l_g, om, Float32(NEG_BIG), Float32(0.0), o_zero)
                             for c in cutlass.range_constexpr(CPTM):
-                                om[c] = _fold_v(Float32(0.0), fa, om[c], fb)
-                            m_g, fa, fb = _fold_w(m1, Float32(NEG_BIG))
-                            l_g = _fold_v(l1, fa, Float32(0.0), fb)
-                            for c in cutlass.range_constexpr(CPTM):
-                                om[c] = _fold_v(om[c], fa, Float32(0.0), fb)
+                                om[c] = onode[c]
 
                     writes_out = Int32(1)      # n_cl == 1: the (only) node is the whole row
                     if n_cl > 1:
@@ -853,7 +866,6 @@ if _IMPORT_ERROR is None:
                             om.fill(0.0)
                             ok = cute.make_rmem_tensor(cute.make_layout((CPTM, NPS, GRP), stride=(1, CPTM, CPTM * NPS)), Float32)
                             mlk = cute.make_rmem_tensor(cute.make_layout((2, NPS, GRP), stride=(1, 2, 2 * NPS)), Float32)
-                            onode = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
                             for kg0 in cutlass.range_constexpr(0, NODES, GRP):
                                 if kg0 < n_nodes:
                                     for u in cutlass.range_constexpr(GRP):
@@ -880,14 +892,8 @@ if _IMPORT_ERROR is None:
                                                         mlk[1, 1, u] = 0.0
                                                         for c in cutlass.range_constexpr(CPTM):
                                                             ok[c, 1, u] = 0.0
-                                                    m1, fa, fb = _fold_w(Float32(NEG_BIG), mlk[0, 0, u])
-                                                    l1 = _fold_v(Float32(0.0), fa, mlk[1, 0, u], fb)
-                                                    for c in cutlass.range_constexpr(CPTM):
-                                                        onode[c] = _fold_v(Float32(0.0), fa, ok[c, 0, u], fb)
-                                                    m_n, fa, fb = _fold_w(m1, mlk[0, 1, u])
-                                                    l_n = _fold_v(l1, fa, mlk[1, 1, u], fb)
-                                                    for c in cutlass.range_constexpr(CPTM):
-                                                        onode[c] = _fold_v(onode[c], fa, ok[c, 1, u], fb)
+                                                    m_n, l_n = _node_into(onode, mlk[0, 0, u], mlk[1, 0, u], ok[None, 0, u],
+                                                                          mlk[0, 1, u], mlk[1, 1, u], ok[None, 1, u])
                                                 if n_nodes == 1:      # wide only: the node is the whole row
                                                     l_g = l_n
                                                     for c in cutlass.range_constexpr(CPTM):

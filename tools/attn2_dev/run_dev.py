@@ -2,6 +2,7 @@
 usage: python3 tools/attn2_dev/run_dev.py [check] [bench] [tune]
 env: TUNE_VARIANTS / TUNE_CASES (python literals), ATTN2_FILE (time another copy of attn2.py)."""
 import os, sys, time, math
+from types import SimpleNamespace
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import importlib.util
 import torch
@@ -12,7 +13,7 @@ if os.environ.get("ATTN2_FILE"):     # A/B: time another version of the kernel m
     _spec.loader.exec_module(A)
 else:
     from muse_ops.cutedsl import attn2 as A
-from test_attn2_cutedsl import make_case, ref_float64, check_close, counters_zero, SCALE
+from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, counters_zero, SCALE
 
 dev = "cuda"
 
@@ -28,35 +29,32 @@ def run_checks():
             (1, 0, 4, [1, 2, 17, 4096, 100000]), (1, 2048, 2, [1, 2049, 9000]), (8, 0, 1, [12345]),
             (8, 0, 2, [8, 512, 1024, 1025, 2048, 4096, 65536, 65537, 131072])]:
         msl = 1 << 17
+        kw = dict(q_len=q_len, window=window, max_seq_len=msl)
         y, cache, pt, seq = make_case(lens, hkv, q_len, seed=1, window=window)
         ref = ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
         outs = []
         for wide in (False, True):
-            kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl, _cfg_override={"wide": wide})
-            R = len(lens)
-            out = torch.full((q_len * R, 8 * hkv * 64), float("nan"), dtype=torch.bfloat16, device=dev)
-            ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, msl), dtype=torch.uint8, device=dev)
-            err = torch.zeros(1, dtype=torch.int32, device=dev)
-            A.launch_attn2(y, cache, pt, seq, out, ws, err, **kw)
-            out2 = out.clone().fill_(float("nan"))
-            A.launch_attn2(y, cache, pt, seq, out2, ws, err, **kw)
+            out, ws, err = run_kernel(A, y, cache, pt, seq, wide=wide, **kw)
+            out2, _, _ = run_kernel(A, y, cache, pt, seq, ws=ws, err=err, wide=wide, **kw)
             torch.cuda.synchronize()
             nbad, mx, mean = check_close(out, ref)
             same = torch.equal(out.view(torch.int16), out2.view(torch.int16))
             outs.append(out)
             print(f"CHECK wide={int(wide)} q_len={q_len} W={window} hkv={hkv} lens={lens}: bad={nbad} max={mx:.3g} "
-                  f"mean={mean:.3g} err={int(err.item())} cnt0={counters_zero(A, ws, R, hkv, q_len, window, msl)} "
+                  f"mean={mean:.3g} err={int(err.item())} cnt0={counters_zero(A, ws, len(lens), hkv, q_len, window, msl)} "
                   f"det={same}", flush=True)
         print(f"CHECK layouts bit-identical: {torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))}", flush=True)
 
 
-def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=1 << 18):
+def build_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, msl=1 << 18):
+    """Inputs of one timing case: page pools that together exceed 200 MB (cold KV), the rest, and
+    a workspace sized for the layout the launch will use."""
     lens = lens or [L] * B
+    over = dict(over or {})
     npg = [(l + 15) // 16 for l in lens]
     first = [max(0, l - q_len - window + 1) // 16 if window else 0 for l in lens]
     vis = sum(n - f for n, f in zip(npg, first))
-    page_bytes = hkv * 16 * 256
-    pool_bytes = vis * page_bytes
+    pool_bytes = vis * hkv * 16 * 256
     n_pools = max(1, min(16, math.ceil(200e6 / pool_bytes)))
     width = max(npg) + 1
     pools = []
@@ -70,33 +68,48 @@ def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=
             pt[r, first[r]:npg[r]] = perm[o:o + n]
             o += n
         pools.append((cache, pt))
-    seq = torch.tensor(lens, dtype=torch.int32, device=dev)
-    y = torch.randn(q_len * B, 1152 * hkv, device=dev).to(torch.bfloat16)
-    out = torch.empty(q_len * B, 512 * hkv, device=dev, dtype=torch.bfloat16)
-    cfg = A._config(q_len, window, msl, **(over or {}))
-    ws = torch.zeros(A.workspace_layout(cfg, B, hkv)[2], dtype=torch.uint8, device=dev)
-    err = torch.zeros(1, dtype=torch.int32, device=dev)
-    kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl, _cfg_override=over or {})
-    for c, p in pools:
-        A.launch_attn2(y, c, p, seq, out, ws, err, **kw)
+    rest = dict(over)
+    if hasattr(A, "wide_layout"):
+        cfg = A._config(q_len, window, msl, rest.pop("wide", A.wide_layout(B, hkv, window)), **rest)
+    else:                            # an A/B copy from before the two layouts
+        cfg = A._config(q_len, window, msl, **rest)
+    return SimpleNamespace(
+        pools=pools, pool_bytes=pool_bytes, cfg=cfg,
+        seq=torch.tensor(lens, dtype=torch.int32, device=dev),
+        y=torch.randn(q_len * B, 1152 * hkv, device=dev).to(torch.bfloat16),
+        out=torch.empty(q_len * B, 512 * hkv, device=dev, dtype=torch.bfloat16),
+        ws=torch.zeros(A.workspace_layout(cfg, B, hkv)[2], dtype=torch.uint8, device=dev),
+        err=torch.zeros(1, dtype=torch.int32, device=dev),
+        kw=dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl, _cfg_override=over))
+
+
+def graph_us(case, reps=20, replays=5):
+    """Per-call us (median) of one CUDA graph of max(reps, pools) launches cycling the pools."""
+    def launch(i):
+        c, p = case.pools[i % len(case.pools)]
+        A.launch_attn2(case.y, c, p, case.seq, case.out, case.ws, case.err, **case.kw)
+    for i in range(len(case.pools)):
+        launch(i)
     torch.cuda.synchronize()
-    K = max(reps, n_pools)
+    K = max(reps, len(case.pools))
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for i in range(K):
-            c, p = pools[i % n_pools]
-            A.launch_attn2(y, c, p, seq, out, ws, err, **kw)
+            launch(i)
     g.replay(); torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
-    for _ in range(5):
+    for _ in range(replays):
         e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
         ts.append(e0.elapsed_time(e1) * 1e3 / K)
-    us = sorted(ts)[len(ts) // 2]
-    floor = pool_bytes / 4.1e12 * 1e6
-    assert int(err.item()) == 0, err
-    del pools
-    return us, floor, pool_bytes
+    return sorted(ts)[len(ts) // 2]
+
+
+def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=1 << 18):
+    case = build_case(B, L, window, q_len, hkv, lens, over, msl)
+    us = graph_us(case, reps)
+    assert int(case.err.item()) == 0, case.err
+    return us, case.pool_bytes / 4.1e12 * 1e6, case.pool_bytes
 
 
 def main(what):

@@ -8,10 +8,10 @@ env TLC: cases [(B, L, W), ...]; TLV: config overrides [{"wide": True}, ...].
 The copy is made by inserting stamps after anchor lines of attn2.py; an anchor that moved fails
 loudly. The stamps live in an extra workspace region; the timer ticks in ~32 ns steps and the
 kernel is otherwise unchanged (a few % slower)."""
-import math
 import os
-import statistics
 import sys
+
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
@@ -70,48 +70,19 @@ def make():
     print("wrote", OUT_FILE)
 
 
-def probe(A, B, L, W, over, q_len=8, hkv=2, msl=1 << 18):
-    import torch
-    dev = "cuda"
-    npg = (L + 15) // 16
-    pool_bytes = B * npg * hkv * 16 * 256
-    n_pools = max(1, min(16, math.ceil(200e6 / pool_bytes)))
-    pools = []
-    for _ in range(n_pools):
-        cache = torch.randn(B * npg + 8, hkv, 16, 128, device=dev, dtype=torch.bfloat16)
-        perm = torch.randperm(B * npg + 8, device=dev).to(torch.int32)
-        pt = torch.full((B, npg + 1), -1, dtype=torch.int32, device=dev)
-        pt[:, :npg] = perm[:B * npg].view(B, npg)
-        pools.append((cache, pt))
-    seq = torch.full((B,), L, dtype=torch.int32, device=dev)
-    y = torch.randn(q_len * B, 1152 * hkv, device=dev).to(torch.bfloat16)
-    out = torch.empty(q_len * B, 512 * hkv, device=dev, dtype=torch.bfloat16)
-    o2 = dict(over)
-    cfg = A._config(q_len, W, msl, o2.pop("wide", A.wide_layout(B, hkv, W)), **o2)   # the launch's layout
-    ws = torch.zeros(A.workspace_layout(cfg, B, hkv)[2], dtype=torch.uint8, device=dev)
-    dbg_off = 4 * B * hkv * cfg.slots * cfg.mr * 66
+def probe(RD, B, L, W, over):
+    """One case: time its graph, then read the stamps its last call left (run_dev's inputs)."""
+    case = RD.build_case(B, L, W, over=over)
+    us = RD.graph_us(case, replays=7)
+    cfg = case.cfg
+    hkv = case.y.shape[1] // 1152
+    dbg_off = 4 * B * hkv * cfg.slots * cfg.mr * 66        # the stamps follow the partials
     n_dbg = B * hkv * cfg.cs * cfg.cl_max
-    err = torch.zeros(1, dtype=torch.int32, device=dev)
-    kw = dict(q_len=q_len, window=W, scale=0.125, max_seq_len=msl, _cfg_override=over)
-    calls = max(20, n_pools)
-    A.launch_attn2(y, *pools[0], seq, out, ws, err, **kw)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            A.launch_attn2(y, *pools[i % n_pools], seq, out, ws, err, **kw)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / calls)
-    d = ws[dbg_off:dbg_off + 8 * NS * n_dbg].view(torch.int64).view(-1, NS).cpu()
+    d = case.ws[dbg_off:dbg_off + 8 * NS * n_dbg].view(torch.int64).view(-1, NS).cpu()
     d = d[d[:, 0] > 0]
     t0 = d[:, 0].min().item()
     work = d[d[:, 4] > 0]
-    line = (f"TL {str((B, L, W)):16s} {str(over):24s} graph {statistics.median(ts):6.2f} us/call  span "
+    line = (f"TL {str((B, L, W)):16s} {str(over):24s} graph {us:6.2f} us/call  span "
             f"{(d[:, 7].max().item() - t0) / 1e3:6.2f}  CTAs {len(d)} working {len(work)}\n   at (median/max us):")
     deltas, prev = "   phase (median us):", None
     for j in ORDER:
@@ -127,14 +98,12 @@ def probe(A, B, L, W, over, q_len=8, hkv=2, msl=1 << 18):
 
 
 def run():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("attn2_tl", OUT_FILE)
-    A = importlib.util.module_from_spec(spec)
-    sys.modules["attn2_tl"] = A          # dataclasses look their module up
-    spec.loader.exec_module(A)
+    os.environ["ATTN2_FILE"] = OUT_FILE      # run_dev times the instrumented copy
+    sys.path.insert(0, HERE)
+    import run_dev as RD
     for (B, L, W) in eval(os.environ.get("TLC", "[(1, 512, 0), (1, 8192, 0), (64, 8192, 0)]")):
         for over in eval(os.environ.get("TLV", "[{}]")):
-            probe(A, B, L, W, over)
+            probe(RD, B, L, W, over)
 
 
 if __name__ == "__main__":
