@@ -27,17 +27,16 @@ def test_tree_covers_every_step_once_and_balances_subs(per_sub):
 @pytest.mark.parametrize("q_len,window,max_seq_len",
                          [(8, 0, 2048), (8, 0, 1 << 17), (1, 0, 1 << 18), (8, 2048, 1 << 17), (1, 64, 4096)])
 def test_deployment_maxima_bound_every_length(q_len, window, max_seq_len):
-    deep = A.Attn2Config.create(q_len, window, max_seq_len, wide=False)
-    wide = A.Attn2Config.create(q_len, window, max_seq_len, wide=True)
-    assert wide.wide == (window == 0)         # a window deployment has no wide layout
+    cfgs = [A.Attn2Config.create(q_len, window, max_seq_len, layout) for layout in A.deployment_layouts(window)]
+    assert [c.layout for c in cfgs] == list(A.deployment_layouts(window))   # none coerced
+    assert A.Attn2Config.create(q_len, window, max_seq_len, "wide").wide == (window == 0)
     for L in range(q_len, max_seq_len + 1, 61):
         first = max(0, L - q_len - window + 1) // 16 if window else 0
-        n_steps = ((L - 1) // 16 - first + deep.sp) // deep.sp
-        c_max, _, n_subs, n_nodes = A.split_plan(n_steps, deep.sub_chunks)
-        assert c_max <= deep.chunk_max and n_nodes <= deep.nodes_max and n_subs <= deep.slots
-        assert n_nodes <= deep.cl_max                                  # a cluster per node (deep)
-        assert deep.sub_chunks * c_max * deep.sp <= deep.pt_max        # a sub's pages fit its smem slice
-        if wide.wide:
-            assert n_subs <= wide.cl_max and c_max * wide.sp <= wide.pt_max   # a cluster per sub
-    # one workspace serves both layouts (the same slots; the counters at the end)
-    assert A.workspace_layout(deep, 7, 2) == A.workspace_layout(wide, 7, 2)
+        for cfg in cfgs:
+            n_steps = ((L - 1) // 16 - first + cfg.sp) // cfg.sp
+            c_max, _, n_subs, n_nodes = A.split_plan(n_steps, cfg.sub_chunks)
+            assert c_max <= cfg.chunk_max and n_nodes <= cfg.nodes_max and n_subs <= cfg.slots
+            assert (n_subs if cfg.wide else n_nodes) <= cfg.cl_max     # a cluster per sub / node
+            assert cfg.cpc * c_max * cfg.sp <= cfg.pt_max              # a CTA's pages fit its smem slice
+    # one workspace serves every layout (the same slots; the counters at the end)
+    assert len({A.workspace_layout(c, 7, 2) for c in cfgs}) == 1

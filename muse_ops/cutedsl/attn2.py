@@ -145,18 +145,22 @@ def split_plan(n_steps: int, chunks_per_sub: int = SUB_CHUNKS) -> tuple[int, int
     return -(-n_steps // n_chunks), n_chunks, n_subs, -(-n_subs // 2)
 
 
+LAYOUTS = ("wide", "deep", "node")
+
+
 @dataclass(frozen=True)
 class Attn2Config:
     """Compile-time parameters of one variant (everything else is run time)."""
     q_len: int
     window: int
     max_seq_len: int
-    wide: bool        # layout: one chunk per CTA, 8-CTA clusters (True) or one sub per CTA, pairs
+    layout: str       # which CTAs compute which part of the tree: "wide", "deep" or "node" (LAYOUTS)
     nodes_max: int    # most nodes of a request under this deployment (<= NODES_MAX)
     chunk_max: int    # most steps per chunk under this deployment
     stages: int       # TMA ring depth
     sp: int = 4       # pages per ring step (keys per step = 16 * sp, the N of S = Q K^T)
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
+    pdl: bool = True  # programmatic dependent launch (griddepcontrol.wait before the first global access)
 
     @property
     def mr(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -167,24 +171,32 @@ class Attn2Config:
         return self.sp * PAGE
 
     @property
-    def cs(self):      # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep)
-        return self.sub_chunks if self.wide else 2
-
-    @property
     def sub_chunks(self):
         return sub_chunks(self.window)
 
     @property
-    def cl_max(self):  # clusters per (request, KV head) in the grid: subs (wide) or nodes (deep)
+    def wide(self):
+        return self.layout == "wide"
+
+    @property
+    def cs(self):      # CTAs per cluster: the chunks of a sub (wide), the subs of a node (deep), 1 (node)
+        return {"wide": self.sub_chunks, "deep": 2, "node": 1}[self.layout]
+
+    @property
+    def cpc(self):     # chunks per CTA: 1 (wide), a sub (deep), a node (node)
+        return {"wide": 1, "deep": self.sub_chunks, "node": 2 * self.sub_chunks}[self.layout]
+
+    @property
+    def cl_max(self):  # clusters per (request, KV head) in the grid: subs (wide) or nodes
         return 2 * self.nodes_max if self.wide else self.nodes_max
 
     @property
-    def slots(self):   # workspace partials per (request, KV head): subs (wide) or nodes (deep)
+    def slots(self):   # workspace partials per (request, KV head): subs (wide) or nodes
         return 2 * self.nodes_max
 
     @property
     def pt_max(self):  # page-table entries of one CTA kept in smem
-        return (1 if self.wide else self.sub_chunks) * self.chunk_max * self.sp
+        return self.cpc * self.chunk_max * self.sp
 
     @property
     def rows_per_rank(self):   # query rows each CTA of a cluster merges and writes
@@ -195,27 +207,36 @@ class Attn2Config:
         return dataclasses.replace(self, max_seq_len=0)
 
     @staticmethod
-    def create(q_len: int, window: int, max_seq_len: int, wide: bool = False,
-               stages: int | None = None, min_blocks: int | None = None) -> "Attn2Config":
+    def create(q_len: int, window: int, max_seq_len: int, layout: str = "deep",
+               stages: int | None = None, min_blocks: int | None = None,
+               pdl: bool = True) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM. Measured on the H200
         # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
         # once): B=1 L=8192 9.3 vs 9.5, but B=8 L=2048 17.1 vs 13.2 (3 CTAs per SM instead of 5);
         # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
+        assert layout in LAYOUTS, layout
         sp = 4
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE + 2
         else:
             vis_pages = (max_seq_len + PAGE - 1) // PAGE
         steps = (vis_pages + sp - 1) // sp
-        if window > 0:
-            wide = False          # sub_chunks(): a window deployment runs the deep layout
+        if window > 0 and layout == "wide":
+            layout = "deep"       # sub_chunks(): a window deployment has no wide layout
+        if window == 0 and layout == "node":
+            layout = "deep"       # a CTA per node folds its two subs in order only with 1-chunk subs
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
         plans = [split_plan(n, sub_chunks(window)) for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
         nodes_max = max(p[3] for p in plans)
-        cfg = Attn2Config(q_len, window, max_seq_len, wide, nodes_max, chunk_max,
-                          2 if stages is None else stages, sp,
-                          (0 if wide else 4) if min_blocks is None else min_blocks)
+        if stages is None:
+            stages = 2
+        if min_blocks is None:
+            # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91, window
+            # deployments); wide and node: no bound (94 / 126 registers, ptxas's choice)
+            min_blocks = (5 if sub_chunks(window) == 1 else 4) if layout == "deep" else 0
+        cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, sp,
+                          min_blocks, pdl)
         # the merge buffer (MR x 64 fp32) reuses the K and V rings
         assert 2 * cfg.stages * cfg.nk * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         return cfg
@@ -275,8 +296,31 @@ if _IMPORT_ERROR is None:
                                     write_only_types=[Float32], read_only_args=[a, b, t])
 
     @cute.jit
-    def _prefetch_l2(addr: Int64):
-        cute.arch.inline_ptx("prefetch.global.L2 [{$r0}];", read_only_args=[addr])
+    def _pt_entry(lp: Int32, phys: Int32, last_page: Int32, width: Int32, num_pages: Int32,
+                  mErr: cute.Tensor) -> Int32:
+        """The smem page-table entry of logical page lp, whose table entry is phys: phys, or -1 past
+        the request's last page or where the entry is invalid (which also sets error bit 2)."""
+        v = Int32(-1)
+        if lp <= last_page:
+            ok = Int32(lp < width) * Int32(phys >= 0) * Int32(phys < num_pages)
+            if ok != 0:
+                v = phys
+            else:
+                cute.arch.atomic_or(mErr.iterator, Int32(2), sem="relaxed", scope="gpu")
+        return v
+
+    @cute.jit
+    def _load_q(mY: cute.Tensor, qv: cute.Tensor, r: Int32, g: Int32, tidx: Int32, QL: cutlass.Constexpr[int]):
+        """The Q tile of (request r, KV head g) into registers qv (8, its): 16-byte piece
+        tidx + it * THREADS of the tile, i.e. row m = token * 8 + head, columns 8 (ci % 8) ..;
+        rows >= q_len * 8 are zero."""
+        for it in cutlass.range_constexpr(cute.size(qv, mode=[1])):
+            ci = tidx + it * THREADS
+            qm = ci // 8
+            qv[None, it].fill(0.0)
+            if qm < QL * GROUP:
+                src = cute.local_tile(mY, (1, 8), (r * QL + qm // GROUP, (g * GROUP + qm % GROUP) * 8 + ci % 8))
+                cute.autovec_copy(src[0, None], qv[None, it])
 
     @cute.jit
     def _fold_w(m_a: Float32, m_b: Float32):
@@ -398,6 +442,8 @@ if _IMPORT_ERROR is None:
             self.WIDE = cfg.wide
             self.SUBC = cfg.sub_chunks
             self.CS = cfg.cs
+            self.CPC = cfg.cpc                # chunks per CTA
+            self.ACC = cfg.cpc > 1            # the CTA folds its chunks in a second accumulator
             self.CL_MAX = cfg.cl_max
             self.SLOTS = cfg.slots
             self.NODES_MAX = cfg.nodes_max
@@ -436,7 +482,8 @@ if _IMPORT_ERROR is None:
                 occ["cluster"] = (self.CS, 1, 1)
             self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, tma_atom, mKV_tma, sRing_layout, sPages_layout,
                         sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len).launch(
-                grid=(self.CS, hkv * R, self.CL_MAX), block=(THREADS, 1, 1), stream=stream, **occ)
+                grid=(self.CS, hkv * R, self.CL_MAX), block=(THREADS, 1, 1), stream=stream,
+                use_pdl=self.cfg.pdl, **occ)
 
         @cute.kernel
         def kernel(self, mY: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
@@ -447,6 +494,7 @@ if _IMPORT_ERROR is None:
             QL = self.q_len
             W = self.window
             WIDE = self.WIDE
+            ACC = self.ACC
             MR, SP, NK, NST, PTMAX = self.MR, self.SP, self.NK, self.NST, self.PTMAX
             tidx, _, _ = cute.arch.thread_idx()
             rank_x, gr, cl_z = cute.arch.block_idx()
@@ -468,13 +516,23 @@ if _IMPORT_ERROR is None:
             sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
             sXm = smem.allocate_tensor(Float32, cute.make_layout((MR, 2), stride=(2, 1)), byte_alignment=16)
 
-            if const_expr(self.WIDE and W == 0):
-                # the page-table entries of this CTA's chunk if it has 2 steps (true up to L = 65536
-                # when L is a multiple of 2048): to L2 while seq_len is read, so the page-table read
-                # that needs L mostly hits L2. A guess, never a dependency.
-                if tidx == 0:
-                    pg = cutlass.min(s * (2 * SP), mPT.shape[1] - 1)     # a wide CTA's chunk is s
-                    _prefetch_l2((mPT.iterator + (r * mPT.shape[1] + pg)).toint())
+            # ---- PDL: this grid may have started while its predecessor in the stream still runs;
+            # nothing global is read or written before the predecessor is done (so any kernel may
+            # precede, including one that writes seq_lens or the page table). Our own dependents may
+            # start as soon as every CTA of ours is resident; they wait the same way.
+            if const_expr(self.cfg.pdl):
+                cute.arch.griddepcontrol_wait()
+                cute.arch.griddepcontrol_launch_dependents()
+            # ---- wide: issue what does not need L together with L (one latency instead of three):
+            # Q (the CTA's rows of y), and warp w's guess of the CTA's page-table entries, 32 from
+            # step (w + 1) * s: chunk s starts at step s * steps // chunks, and steps // chunks is
+            # 1 to 3 up to L = 65536 (split_plan). A guess, checked against L below.
+            qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
+            pt_guess = Int32(-1)
+            if const_expr(WIDE):
+                _load_q(mY, qv, r, g, tidx, QL)
+                if w < 3:
+                    pt_guess = mPT[r, cutlass.min((w + 1) * s * SP + lane, mPT.shape[1] - 1)]
             L = mSeq[r]
             bad_len = Int32(L < QL) + Int32(L > max_seq_len)
             if bad_len != 0:
@@ -493,8 +551,9 @@ if _IMPORT_ERROR is None:
             else:
                 # ---- the reduction tree of this request, from L and compile-time constants only
                 # (split_plan): ring steps of SP pages -> chunks (the steps cut evenly) -> subs of
-                # SUBC chunks -> nodes of 2 subs. Wide: CTA (cl, rank) computes chunk cl * SUBC + rank
-                # of sub cl. Deep: CTA (cl, rank) computes sub 2 cl + rank of node cl.
+                # SUBC chunks -> nodes of 2 subs. CTA s = cl * CS + rank computes the CPC chunks from
+                # chunk s * CPC: wide, chunk s (rank of sub cl); deep, sub s (rank of node cl); node,
+                # node s (its 2 one-chunk subs).
                 key_lo = Int32(0)
                 if const_expr(W > 0):
                     key_lo = cutlass.max(L - QL - W + 1, Int32(0))
@@ -511,12 +570,10 @@ if _IMPORT_ERROR is None:
                 rank = s % CS
                 # chunk j covers steps [j * n_steps // n_chunks, (j + 1) * n_steps // n_chunks)
                 n_cl = n_nodes
-                c_lo = cutlass.min((2 * cl + rank) * SUBC, n_chunks)
-                c_hi = cutlass.min(c_lo + SUBC, n_chunks)
                 if const_expr(WIDE):
                     n_cl = n_subs
-                    c_lo = cutlass.min(cl * SUBC + rank, n_chunks)
-                    c_hi = cutlass.min(c_lo + 1, n_chunks)
+                c_lo = cutlass.min(s * self.CPC, n_chunks)
+                c_hi = cutlass.min(c_lo + self.CPC, n_chunks)
                 if cl < n_cl:
                     # every CTA of a live cluster runs to the cluster barriers, even with no steps
                     k_begin = c_lo * n_steps // n_chunks
@@ -530,34 +587,36 @@ if _IMPORT_ERROR is None:
                                 cute.arch.mbarrier_init(full + st0, 1)
                             cute.arch.mbarrier_init_fence()
 
-                    # ---- Q -> smem (row m = token*8 + head; rows >= MR zero)
+                    # ---- Q -> smem (row m = token*8 + head; rows >= MR zero); wide loaded it already
+                    if const_expr(not WIDE):
+                        _load_q(mY, qv, r, g, tidx, QL)
                     for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
                         ci = tidx + it * THREADS
-                        qm = ci // 8
-                        qc = ci % 8
-                        qv = cute.make_rmem_tensor(cute.make_layout((1, 8)), BFloat16)
-                        qv.fill(0.0)
-                        if qm < MR:
-                            src = cute.local_tile(mY, (1, 8), (r * QL + qm // GROUP, (g * GROUP + qm % GROUP) * 8 + qc))
-                            cute.autovec_copy(src, qv)
-                        cute.autovec_copy(qv, cute.local_tile(sQ, (1, 8), (qm, qc)))
+                        cute.autovec_copy(qv[None, it], cute.local_tile(sQ, (1, 8), (ci // 8, ci % 8))[0, None])
 
-                    # ---- this split's page-table entries -> smem (one latency, not one per step)
+                    # ---- this CTA's page-table entries -> smem (one latency, not one per step); a wide
+                    # CTA takes them from the guess of the first warp whose 32 entries cover them
                     width = mPT.shape[1]
                     n_pt = cutlass.min(my_steps * SP, Int32(PTMAX))
-                    for it in cutlass.range((n_pt + THREADS - 1) // THREADS, unroll=1):
-                        i_pt = it * THREADS + tidx
-                        if i_pt < n_pt:
-                            lp = page_base + i_pt
-                            v = Int32(-1)
-                            if lp <= last_page:
+                    guess_w = Int32(-1)
+                    if const_expr(WIDE):
+                        for w2 in cutlass.range_constexpr(2, -1, -1):
+                            off = page_base - (w2 + 1) * s * SP
+                            if Int32(off >= 0) * Int32(off + n_pt <= 32) != 0:
+                                guess_w = Int32(w2)
+                    if guess_w >= 0:
+                        if w == guess_w:
+                            d = page_base - (w + 1) * s * SP
+                            phys = cute.arch.shuffle_sync(pt_guess, cutlass.min(lane + d, Int32(31)))
+                            if lane < n_pt:
+                                sPT[lane] = _pt_entry(page_base + lane, phys, last_page, width, num_pages, mErr)
+                    else:
+                        for it in cutlass.range((n_pt + THREADS - 1) // THREADS, unroll=1):
+                            i_pt = it * THREADS + tidx
+                            if i_pt < n_pt:
+                                lp = page_base + i_pt
                                 phys = mPT[r, cutlass.min(lp, width - 1)]
-                                ok = Int32(lp < width) * Int32(phys >= 0) * Int32(phys < num_pages)
-                                if ok != 0:
-                                    v = phys
-                                else:
-                                    cute.arch.atomic_or(mErr.iterator, Int32(2), sem="relaxed", scope="gpu")
-                            sPT[i_pt] = v
+                                sPT[i_pt] = _pt_entry(lp, phys, last_page, width, num_pages, mErr)
                     cute.arch.fence_view_async_shared()    # sQ (generic stores) -> wgmma (async proxy)
                     cute.arch.sync_threads()               # sQ, sPT and the mbarriers visible
 
@@ -602,9 +661,9 @@ if _IMPORT_ERROR is None:
                     row_max.fill(NEG_BIG)
                     row_sum.fill(0.0)
                     corr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                    chunk_end = Int32(0)     # deep: local step index where the current chunk ends
-                    if const_expr(not WIDE):
-                        # the sub = left fold of this CTA's chunks, starting as the identity I
+                    chunk_end = Int32(0)     # ACC: local step index where the current chunk ends
+                    if const_expr(ACC):
+                        # the CTA's partial = left fold of its chunks, starting as the identity I
                         acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
                         acc_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
                         acc_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
@@ -712,8 +771,8 @@ if _IMPORT_ERROR is None:
                             tOrP32[q] = _pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
                         _wgmma(atom_pv, tOrO, tOrP, tOrVt[None, None, None, st], False)
 
-                        if const_expr(not WIDE):
-                            # ---- last step of a chunk: fold the chunk into the sub, restart from I.
+                        if const_expr(ACC):
+                            # ---- last step of a chunk: fold the chunk into the partial, restart from I.
                             # The same _fold_w / _fold_v as a wide cluster's DSMEM fold, so the bits match.
                             if k + 1 == chunk_end:
                                 c_lo = c_lo + 1
@@ -742,7 +801,7 @@ if _IMPORT_ERROR is None:
                     cute.autovec_copy(cute.local_tile(mY, (1, CPTM), (row_g, gate_col // CPTM))[0, None], gt)
                     cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
 
-                    # ---- this CTA's partial (O, m, l): its chunk (wide) or its sub (deep) -> sX [64, 64]
+                    # ---- this CTA's partial (O, m, l) -> sX [64, 64]
                     # fp32, sXm [MR, 2]. sX lies over the K ring and, when that is smaller than 16 KB, the
                     # V ring allocated right after it (both 1 KB multiples; Attn2Config.create checks the
                     # size); rows >= MR are padding
@@ -750,12 +809,12 @@ if _IMPORT_ERROR is None:
                                           cute.make_layout((M_TILE, HEAD_DIM), stride=(HEAD_DIM, 1)))
                     tOsX = thr_pv.partition_C(sX)
                     for i in cutlass.range_constexpr(cute.size(tOrO)):
-                        if const_expr(WIDE):
-                            tOsX[i] = tOrO[i]
-                        else:
+                        if const_expr(ACC):
                             tOsX[i] = acc_o[i]
+                        else:
+                            tOsX[i] = tOrO[i]
                     for h in cutlass.range_constexpr(2):
-                        if const_expr(WIDE):
+                        if const_expr(not ACC):
                             pm = row_max[h]
                             pl = _quad_sum(row_sum[h])
                         else:
@@ -916,23 +975,36 @@ if _IMPORT_ERROR is None:
 _CACHE: dict = {}
 
 
-def wide_layout(num_requests: int, kv_heads: int, window: int = 0) -> bool:
-    """The layout a launch uses: wide for few (request, KV head) pairs, where one CTA per chunk
-    fills the GPU, deep otherwise (and always with a window). A host decision on shapes and the
-    deployment only; the bits do not depend on it."""
-    return window == 0 and num_requests * kv_heads <= WIDE_MAX_PAIRS
+NODE_MIN_PAIRS = 192    # window deployments: a CTA per node from this many (request, KV head) pairs
 
 
-def _config(q_len: int, window: int, max_seq_len: int, wide: bool = False, **over) -> "Attn2Config":
+def choose_layout(num_requests: int, kv_heads: int, window: int = 0) -> str:
+    """The layout a launch uses, a host decision on shapes and the deployment only (the bits do
+    not depend on it): no window: wide for few (request, KV head) pairs, where a CTA per chunk fills
+    the GPU, deep otherwise; a window (one-chunk subs, about 33 steps a request): a CTA pair per node
+    (deep) for fewer than NODE_MIN_PAIRS pairs, a CTA per node (node) from there, where the pairs'
+    cluster merges cost more than the parallelism they buy."""
+    pairs = num_requests * kv_heads
+    if window == 0:
+        return "wide" if pairs <= WIDE_MAX_PAIRS else "deep"
+    return "node" if pairs >= NODE_MIN_PAIRS else "deep"
+
+
+def deployment_layouts(window: int) -> tuple[str, ...]:
+    """Every layout a deployment may launch (what prepare compiles)."""
+    return ("deep", "wide") if window == 0 else ("deep", "node")
+
+
+def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", **over) -> "Attn2Config":
     if over:
-        return Attn2Config.create(q_len, window, max_seq_len, wide, **over)
-    return _default_config(q_len, window, max_seq_len, wide)
+        return Attn2Config.create(q_len, window, max_seq_len, layout, **over)
+    return _default_config(q_len, window, max_seq_len, layout)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_config(q_len: int, window: int, max_seq_len: int, wide: bool) -> "Attn2Config":
+def _default_config(q_len: int, window: int, max_seq_len: int, layout: str) -> "Attn2Config":
     """A deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
-    return Attn2Config.create(q_len, window, max_seq_len, wide)
+    return Attn2Config.create(q_len, window, max_seq_len, layout)
 
 
 def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
@@ -987,13 +1059,13 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
 
 
 def prepare(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> None:
-    """Compile both layouts of a deployment (build time). kv_heads is a run-time dimension."""
-    for wide in ((False, True) if window == 0 else (False,)):
-        compile_attn2(_config(q_len, window, max_seq_len, wide))
+    """Compile the layouts of a deployment (build time). kv_heads is a run-time dimension."""
+    for layout in deployment_layouts(window):
+        compile_attn2(_config(q_len, window, max_seq_len, layout))
 
 
 def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
-    """Bytes for calls of up to num_requests requests (both layouts use the same slots; the
+    """Bytes for calls of up to num_requests requests (every layout uses the same slots; the
     counters sit at the end, so any smaller batch finds its counters where they were)."""
     return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
@@ -1006,10 +1078,10 @@ def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, 
         return
     if _cfg_override:         # dev tools: a layout or a tuning knob forced
         over = dict(_cfg_override)
-        wide = over.pop("wide", wide_layout(R, kv_cache.shape[1], window))
-        cfg = _config(q_len, window, max_seq_len, wide, **over)
+        layout = over.pop("layout", choose_layout(R, kv_cache.shape[1], window))
+        cfg = _config(q_len, window, max_seq_len, layout, **over)
     else:
-        cfg = _default_config(q_len, window, max_seq_len, wide_layout(R, kv_cache.shape[1], window))
+        cfg = _default_config(q_len, window, max_seq_len, choose_layout(R, kv_cache.shape[1], window))
     need = workspace_layout(cfg, R, kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {R} requests, got {workspace.numel()}")
@@ -1023,8 +1095,8 @@ def compile_all_variants_for_ci(max_seq_lens=(2048, 32768, 262144)) -> list:
     for q_len in (1, 8):
         for window in (0, 2048):
             for msl in max_seq_lens:
-                for wide in ((False, True) if window == 0 else (False,)):
-                    cfg = _config(q_len, window, msl, wide)
+                for layout in deployment_layouts(window):
+                    cfg = _config(q_len, window, msl, layout)
                     compile_attn2(cfg)
                     done.append(cfg)
     return done

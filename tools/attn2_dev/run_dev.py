@@ -33,14 +33,14 @@ def run_checks():
         y, cache, pt, seq = make_case(lens, hkv, q_len, seed=1, window=window)
         ref = ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
         outs = []
-        for wide in (False, True):
-            out, ws, err = run_kernel(A, y, cache, pt, seq, wide=wide, **kw)
-            out2, _, _ = run_kernel(A, y, cache, pt, seq, ws=ws, err=err, wide=wide, **kw)
+        for layout in A.deployment_layouts(window):
+            out, ws, err = run_kernel(A, y, cache, pt, seq, layout=layout, **kw)
+            out2, _, _ = run_kernel(A, y, cache, pt, seq, ws=ws, err=err, layout=layout, **kw)
             torch.cuda.synchronize()
             nbad, mx, mean = check_close(out, ref)
             same = torch.equal(out.view(torch.int16), out2.view(torch.int16))
             outs.append(out)
-            print(f"CHECK wide={int(wide)} q_len={q_len} W={window} hkv={hkv} lens={lens}: bad={nbad} max={mx:.3g} "
+            print(f"CHECK {layout} q_len={q_len} W={window} hkv={hkv} lens={lens}: bad={nbad} max={mx:.3g} "
                   f"mean={mean:.3g} err={int(err.item())} cnt0={counters_zero(A, ws, len(lens), hkv, q_len, window, msl)} "
                   f"det={same}", flush=True)
         print(f"CHECK layouts bit-identical: {torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))}", flush=True)
@@ -69,10 +69,7 @@ def build_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, msl=1 << 18):
             o += n
         pools.append((cache, pt))
     rest = dict(over)
-    if hasattr(A, "wide_layout"):
-        cfg = A._config(q_len, window, msl, rest.pop("wide", A.wide_layout(B, hkv, window)), **rest)
-    else:                            # an A/B copy from before the two layouts
-        cfg = A._config(q_len, window, msl, **rest)
+    cfg = A._config(q_len, window, msl, rest.pop("layout", A.choose_layout(B, hkv, window)), **rest)
     return SimpleNamespace(
         pools=pools, pool_bytes=pool_bytes, cfg=cfg,
         seq=torch.tensor(lens, dtype=torch.int32, device=dev),
@@ -136,7 +133,7 @@ def main(what):
         tcases = eval(os.environ.get("TUNE_CASES", "None")) or cases
         for (B, L, W) in tcases:
             for over in variants:
-                us, fl, by = bench_case(B, L, W, over=over)
+                us, fl, by = bench_case(B, L, W, over=over, msl=L)     # the bench's deployment: L
                 print(f"TUNE {str((B, L, W)):20s} {str(over):48s} {us:8.2f} floor {fl:7.2f} ratio {us/fl:5.2f}", flush=True)
 
 

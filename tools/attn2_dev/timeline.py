@@ -4,7 +4,7 @@ boundaries, from the last call of a CUDA graph (like run_dev.py's timing).
     python3 tools/attn2_dev/timeline.py make         # CPU: write .device/attn2_tl.py, an
                                                      # instrumented copy of muse_ops/cutedsl/attn2.py
     python3 tools/attn2_dev/timeline.py run          # device: print the phase table
-env TLC: cases [(B, L, W), ...]; TLV: config overrides [{"wide": True}, ...].
+env TLC: cases [(B, L, W), ...]; TLV: config overrides [{"layout": "wide"}, ...].
 The copy is made by inserting stamps after anchor lines of attn2.py; an anchor that moved fails
 loudly. The stamps live in an extra workspace region; the timer ticks in ~32 ns steps and the
 kernel is otherwise unchanged (a few % slower)."""
