@@ -122,7 +122,9 @@ except Exception as exc:  # noqa: BLE001  (CPU-only / no cutlass: can_implement 
 # The reduction tree. Its shape depends on a request's own L only; which CTAs compute which part
 # of it (the wide or the deep layout) depends on the batch, and the bits do not.
 SUB_CHUNKS = 8         # chunks per sub = CTAs of a wide cluster (1 for window deployments)
-NODES_MAX = 16         # most nodes (2 subs each) of one (request, KV head)
+NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); measured against 16
+                       # and 4 (us): B=16 L=65536 136 / 149 / 160, mixed B=64 158 / 164 / 166,
+                       # B=1 L=131072 27.4 / 29.6 / 35.8, B=128 L=16384 309 / 310 / 284
 NODE_MIN_STEPS = 32    # ring steps per node before a second node is opened
 WIDE_MAX_PAIRS = 16    # the wide layout runs up to this many (request, KV head) pairs per launch
 
@@ -516,9 +518,21 @@ if _IMPORT_ERROR is None:
             sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
             sXm = smem.allocate_tensor(Float32, cute.make_layout((MR, 2), stride=(2, 1)), byte_alignment=16)
 
-            # ---- PDL: this grid may have started while its predecessor in the stream still runs;
-            # nothing global is read or written before the predecessor is done (so any kernel may
-            # precede, including one that writes seq_lens or the page table)
+            # ---- what needs no global data: the TMA descriptor (a kernel parameter) and the ring's
+            # mbarriers, so the first KV load does not wait for them
+            if w == 0:
+                cpasync.prefetch_descriptor(tma_atom)
+                with cute.arch.elect_one():
+                    for st0 in cutlass.range_constexpr(NST):
+                        cute.arch.mbarrier_init(full + st0, 1)
+                    cute.arch.mbarrier_init_fence()
+            # ---- PDL: this grid may start while its predecessor in the stream still runs; nothing
+            # global is read or written before the predecessor is done, so any kernel may precede
+            # (one that writes seq_lens or the page table too). No launch_dependents: the next
+            # kernel launches as our CTAs exit. Measured (tools/attn2_dev, interleaved, us): B=1
+            # L=8192 8.16 against 8.56 without PDL; a trigger after the main loop gained 0.1 there
+            # but cost 4.5 at B=32 L=4096 and 3.8 at B=128 W=2048 (the next grid's early CTAs
+            # take SM slots and cluster places from ours).
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()
             # ---- wide: issue what does not need L together with L (one latency instead of three):
@@ -577,13 +591,6 @@ if _IMPORT_ERROR is None:
                     k_begin = c_lo * n_steps // n_chunks
                     my_steps = c_hi * n_steps // n_chunks - k_begin
                     page_base = first_page + k_begin * SP
-
-                    if w == 0:
-                        cpasync.prefetch_descriptor(tma_atom)
-                        with cute.arch.elect_one():
-                            for st0 in cutlass.range_constexpr(NST):
-                                cute.arch.mbarrier_init(full + st0, 1)
-                            cute.arch.mbarrier_init_fence()
 
                     # ---- Q -> smem (row m = token*8 + head; rows >= MR zero); wide loaded it already
                     if const_expr(not WIDE):
@@ -785,12 +792,6 @@ if _IMPORT_ERROR is None:
                                 for i in cutlass.range_constexpr(cute.size(tOrO)):
                                     acc_o[i] = _fold_v(acc_o[i], fw[(i // 2) % 2, 0], tOrO[i], fw[(i // 2) % 2, 1])
                                     tOrO[i] = 0.0
-
-                    # ---- PDL: our dependents may launch once every CTA has streamed its keys (or
-                    # exited): launched earlier, their waiting CTAs take SM slots and cluster places
-                    # from ours (measured: B=128 W=2048 5.5 us slower with the trigger at the start)
-                    if const_expr(self.cfg.pdl):
-                        cute.arch.griddepcontrol_launch_dependents()
 
                     # ---- rows this CTA merges and writes: rank's RPR rows, TPRM threads x CPTM columns each
                     RPR, TPRM, CPTM = self.RPR, self.TPRM, self.CPTM
