@@ -893,12 +893,13 @@ if _IMPORT_ERROR is None:
                             if tidx % TPRM == 0:
                                 gWM[slot0 + cl, mrow, 0] = m_g
                                 gWM[slot0 + cl, mrow, 1] = l_g
-                        # one fence, by the ticket thread after the barrier: a gpu-scope fence is
-                        # cumulative over the CTA's writes that the barrier ordered before it (a fence
-                        # in every thread cost ~8% of the issue stalls, measured: "membar")
+                        # one release, the ticket's: an acq_rel atomic by one thread after the barrier
+                        # is cumulative over the CTA's writes that the barrier ordered before it (as
+                        # CUTLASS's barrier arrive). SASS: MEMBAR.GPU, ATOMG, CCTL.IVALL; a separate
+                        # fence.acq_rel before it added a second MEMBAR.GPU; a fence in every thread
+                        # cost ~8% of the issue stalls (measured: "membar")
                         cute.arch.sync_threads()
                         if tidx == 0:
-                            cute.arch.fence_acq_rel_gpu()
                             old = cute.arch.atomic_add(cnt_ptr, Uint32(1), sem="acq_rel", scope="gpu")
                             last = Int32(old == Uint32(n_cl - 1))
                             sFlag[0] = last
