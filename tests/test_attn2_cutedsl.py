@@ -93,8 +93,8 @@ def ref_float64(y, cache, pt, seq, *, q_len, window, scale):
 
 def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE,
                layout=None):
-    """One launch into a NaN-poisoned out; layout ("wide", "deep", "node") forces the layout (None:
-    the host's pick)."""
+    """One launch into a NaN-poisoned out; layout ("wide" or "deep") forces the layout (None: the
+    host's pick)."""
     R, hkv = seq.shape[0], cache.shape[1]
     out = torch.full((q_len * R, GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=y.device)
     if ws is None:
@@ -148,14 +148,13 @@ def test_matches_float64(q_len, window, hkv, lens):
     assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
 
 
-@pytest.mark.parametrize("q_len,window,batch", [(8, 0, 64), (8, 2048, 64), (8, 2048, 100), (1, 0, 64)])
-def test_deterministic_and_batch_invariant(q_len, window, batch):
-    """Alone, a request runs the wide layout (no window) or deep (window); in the batch, deep (no
-    window, or a window with 64 requests) or node (a window with 100 requests: 200 pairs)."""
+@pytest.mark.parametrize("q_len,window", [(8, 0), (8, 2048), (1, 0)])
+def test_deterministic_and_batch_invariant(q_len, window):
+    """Without a window a request runs the wide layout alone and the deep one in the batch."""
     A = _kernel()
     msl = 1 << 15
     g = torch.Generator().manual_seed(5)
-    lens = [int(x) for x in torch.randint(q_len, 30000, (batch,), generator=g)]
+    lens = [int(x) for x in torch.randint(q_len, 30000, (64,), generator=g)]
     lens[17] = 12345
     y, cache, pt, seq = make_case(lens, 2, q_len, seed=7, window=window)
     out1, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
@@ -168,11 +167,10 @@ def test_deterministic_and_batch_invariant(q_len, window, batch):
     assert int(err.item()) == 0
 
 
-@pytest.mark.parametrize("q_len,window,hkv,lens", [CASES[0], CASES[1], CASES[3], CASES[4], CASES[7]])
+@pytest.mark.parametrize("q_len,window,hkv,lens", [CASES[0], CASES[3], CASES[6], CASES[7]])
 def test_layouts_bit_identical(q_len, window, hkv, lens):
-    """Every layout of a deployment computes the same reduction tree: wide (a CTA per chunk) and
-    deep (a CTA per sub) without a window, deep and node (a CTA per node) with one. Identical bits,
-    each within tolerance of float64."""
+    """The wide layout (a CTA per chunk, small batches) and the deep one (a CTA per sub) compute
+    the same reduction tree: identical bits, both within tolerance of float64."""
     A = _kernel()
     msl = 1 << 17
     y, cache, pt, seq = make_case(lens, hkv, q_len, seed=31, window=window)

@@ -1,6 +1,6 @@
 """Small launches for compute-sanitizer (memcheck / racecheck / synccheck), every layout: cluster
 DSMEM merges, the level-2 merge (L=5000: 2 nodes, 4 subs), tail page, one-token request; a window
-deployment (W=1024, L=5000: 2 nodes) in its deep and node layouts."""
+deployment (W=1024, L=5000: 2 nodes, deep)."""
 import os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import torch
