@@ -20,23 +20,33 @@ seed's mma.sync + cp.async; one reduction tree per request instead of the seed's
 split variants):
 - The reduction tree of a request depends on its own L and the deployment only (split_plan):
   its visible pages are cut into ring steps of SP pages; about steps // 32 nodes (1 to
-  NODES_MAX); 2 subs per node; SUB_CHUNKS chunks per sub (1 for window deployments); chunk j
+  NODES_MAX = 8, so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub (1 for window deployments); chunk j
   covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online softmax
   from the identity I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a node
   is fold(fold(I, sub 2i), sub 2i + 1) (a missing sub is I); the output is the flat sum of the
   nodes weighted by ex2(m - M), M the largest node max. Every fold is the same explicit PTX
   (_fold_w / _fold_v: max, ex2.approx, mul.rn, fma.rn) wherever it runs, so its bits do not
   depend on which CTA, thread or layout ran it.
-- Two layouts of that tree on CTAs, chosen on the host from the batch shape (wide_layout):
+- Two layouts of that tree on CTAs, chosen on the host from the batch shape (choose_layout):
   wide (R * Hkv <= WIDE_MAX_PAIRS, no window): one CTA per chunk, an 8-CTA cluster per sub, so a
   single request at L = 8192 runs on 128 CTAs of 2 steps; deep (otherwise): one CTA per sub,
-  which folds its chunks in registers (acc_*), a CTA pair per node. Both compute the same tree,
+  which folds its chunks in a second register accumulator (acc_*; none where a sub is one chunk,
+  i.e. window deployments), a CTA pair per node. Both compute the same tree,
   so a request's bits depend neither on the batch (batch invariance) nor on timing (fixed fold
   orders). Why: every CTA pays three dependent loads (seq_len -> page table -> first KV, ~2 us)
   and a merge (~2 us) around its steps, and one warpgroup alone on an SM takes ~0.65 us per
   step (measured with globaltimer stamps, bench/RESULTS.md): a request alone needs many short
   CTAs, a full batch needs few long ones. The price in deep: a second O accumulator (126
-  registers, 4 CTAs per SM) and a fold per chunk.
+  registers, 4 CTAs per SM; 91 and 5 for window deployments) and a fold per chunk.
+- PDL: every launch may start while its predecessor in the stream runs; griddepcontrol.wait
+  comes before the first global access (only the TMA descriptor prefetch and the mbarrier init
+  precede it), so any predecessor is safe. No launch_dependents: the next grid launches as our
+  CTAs exit (an earlier trigger let its waiting CTAs take SM slots from ours, measured).
+- Start of a CTA: seq_len, then the page-table entries of its chunks, then the first KV load are
+  three dependent latencies. A wide CTA issues its Q loads and three guesses of its page-table
+  entries (32 from step s, 2 s and 3 s: where chunk s starts when steps // chunks is exactly 1, 2
+  or 3) with seq_len's load, and takes the entries from a guess that covers them; a deep CTA
+  issues Q before its page-table loads. Nothing depends on a guess being right.
 - Grid (CS, Hkv * R, CL_MAX) with clusters of CS CTAs along x: the cluster index is the slowest
   dimension, so the clusters that have work (low indices) are dispatched first and the idle ones
   (beyond the request's subs / nodes) exit at the end. 128 threads = one warpgroup. CTA
@@ -68,17 +78,18 @@ split variants):
   I (wide: chunks past the request's end are skipped by selection; deep: the pair's two subs).
   A second, relaxed cluster barrier keeps every CTA's smem alive until its peers are done.
 - Merge, level 2 (more than one node, or more than one sub when wide): rank c writes its rows of
-  the cluster's partial to the workspace, one thread takes a ticket (fence.acq_rel.gpu +
-  atom.acq_rel.add) on the counter of (request, KV head, rank c); the last arriving cluster's CTA
+  the cluster's partial to the workspace, one thread takes a ticket (one atom.acq_rel.gpu.add
+  after a CTA barrier: cumulative over the CTA's writes) on the counter of (request, KV head, rank c); the last arriving cluster's CTA
   of rank c resets it to 0 and merges the partials of its rows: the largest max first, then the
   nodes in order (wide: each folded from its two subs first). Counters are self-resetting and
   sit at the end of the workspace, so one zeroed workspace serves calls of any batch size.
 - One node (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
-  smem once (a wide CTA also prefetches its guessed entries to L2 while it reads seq_len).
-- Status (H200, 2026-11-29, bench/RESULTS.md): correct, deterministic, batch invariant, both
-  layouts bit-identical; faster than FA4 + norm-gate on every bench case; B=1 L=8192 in 9.1 us
-  (the issue asks <= 8); B=16 L=65536 and B=128 W=2048 at 1.42x and 1.45x of the floor (the issue
-  asks <= 1.4x where the floor is >= 20 us). q_len 1 uses the same kernel (8 real rows of the 64).
+  smem once.
+- Status (H200, 2026-11-29, bench/RESULTS.md fifth run): correct, deterministic, batch
+  invariant, both layouts bit-identical; faster than FA4 + norm-gate on every bench case;
+  B=1 L=8192 in 8.3 us (the issue asks <= 8; 7.8 in the kernel-only timing of tools/attn2_dev);
+  B=128 W=2048 at 1.43x of the floor (the issue asks <= 1.4x where the floor is >= 20 us), every
+  other such case at 1.10-1.37x. q_len 1 uses the same kernel (8 real rows of the 64).
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
@@ -212,7 +223,8 @@ class Attn2Config:
     def create(q_len: int, window: int, max_seq_len: int, layout: str = "deep",
                stages: int | None = None, min_blocks: int | None = None,
                pdl: bool = True) -> "Attn2Config":
-        # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM. Measured on the H200
+        # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
+        # accumulator). Measured on the H200
         # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
         # once): B=1 L=8192 9.3 vs 9.5, but B=8 L=2048 17.1 vs 13.2 (3 CTAs per SM instead of 5);
         # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
@@ -535,8 +547,10 @@ if _IMPORT_ERROR is None:
                 cute.arch.griddepcontrol_wait()
             # ---- wide: issue what does not need L together with L (one latency instead of three):
             # Q (the CTA's rows of y), and warp w's guess of the CTA's page-table entries, 32 from
-            # step (w + 1) * s: chunk s starts at step s * steps // chunks, and steps // chunks is
-            # 1 to 3 up to L = 65536 (split_plan). A guess, checked against L below.
+            # step (w + 1) * s: chunk s starts at step s * steps // chunks, which one of them covers
+            # when steps / chunks is close to 1, 2 or 3 (every L <= 1024 and L a multiple of 2048
+            # up to 24576; 63% of the L up to 16384; split_plan). A guess, checked against L below;
+            # measured 0.2-0.4 us faster at B=1 (L = 512, 6000, 8192) than without the guesses.
             qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
             pt_guess = Int32(-1)
             if const_expr(WIDE):

@@ -1,0 +1,49 @@
+"""Device run: interleaved A/B timing of attn2 variants (us, median and range over rounds).
+usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2_dev/ab.py
+  AB_VARIANTS: [(label, kernel module file or None for muse_ops', config override dict), ...]
+  AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768]
+Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) and timed
+in turn, round after round, so drifts of the GPU hit all of them alike."""
+import os, sys, statistics, importlib.util
+sys.path.insert(0, os.path.dirname(__file__))
+import run_dev
+import torch
+
+def load(path):
+    if path is None:
+        from muse_ops.cutedsl import attn2 as m
+        return m
+    name = "ab_" + os.path.basename(path)[:-3]
+    spec = importlib.util.spec_from_file_location(name, path)
+    m = importlib.util.module_from_spec(spec); sys.modules[name] = m; spec.loader.exec_module(m)
+    return m
+
+VARIANTS = eval(os.environ["AB_VARIANTS"])      # [(label, file or None, override dict)]
+CASES = eval(os.environ["AB_CASES"])            # [(B, L, W, labels or None)]
+ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
+mods = {f: load(f) for _, f, _ in VARIANTS}
+g = torch.Generator().manual_seed(0)
+MIXED = [int(x) for x in torch.randint(512, 32769, (64,), generator=g)]
+for (B, L, W, labels) in CASES:
+    built = []
+    for (lab, f, over) in VARIANTS:
+        if labels and lab not in labels:
+            continue
+        run_dev.A = mods[f]
+        lens = MIXED if B == "mixed" else None
+        msl = 32768 if B == "mixed" else L
+        case = run_dev.build_case(64 if B == "mixed" else B, L, W, lens=lens, over=over, msl=msl)
+        run_dev.graph_us(case)          # compile + warm
+        built.append((lab, f, case))
+    ts = {lab: [] for lab, _, _ in built}
+    for _ in range(ROUNDS):
+        for lab, f, case in built:
+            run_dev.A = mods[f]
+            ts[lab].append(run_dev.graph_us(case))
+    for lab, _, case in built:
+        assert int(case.err.item()) == 0
+    fl = built[0][2].pool_bytes / 4.1e12 * 1e6
+    print(f"AB {str((B, L, W)):22s} floor {fl:7.2f} | " + " | ".join(
+        f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)
+    del built
+    torch.cuda.empty_cache()
