@@ -31,5 +31,5 @@ for spec in [(1, 8192, 0), (128, 16384, 2048), (8, 2048, 0)]:
     assert int(err.item()) == 0 and int(rd.err.item()) == 0
     print(f"GAP {str(spec):18s} sets {inp.sets:3d} | " + " | ".join(
         f"{k} {statistics.median(v):7.2f} ({min(v):.2f}-{max(v):.2f})" for k, v in ts.items()), flush=True)
-    del rd, inp
+    rd = inp = None     # free the pools before the next case
     torch.cuda.empty_cache()
