@@ -18,15 +18,15 @@ Tensors (all contiguous, 16-byte aligned):
 Design (seed 000's split-KV with cluster and workspace merges, and wgmma + TMA instead of the
 seed's mma.sync + cp.async; one reduction tree per request instead of the seed's one-cluster /
 split variants):
-- The reduction tree of a request depends on its own L and the deployment only (split_plan):
-  its visible pages are cut into ring steps of SP pages; about steps // 32 nodes (1 to
-  NODES_MAX = 8, so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub (1 for window deployments); chunk j
-  covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online softmax
-  from the identity I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a node
-  is fold(fold(I, sub 2i), sub 2i + 1) (a missing sub is I); the output is the flat sum of the
-  nodes weighted by ex2(m - M), M the largest node max. Every fold is the same explicit PTX
-  (_fold_w / _fold_v: max, ex2.approx, mul.rn, fma.rn) wherever it runs, so its bits do not
-  depend on which CTA, thread or layout ran it.
+- The reduction tree of a request depends on its own L and the deployment only (split_plan): its
+  visible pages are cut into ring steps of SP pages; about steps // 32 nodes (1 to NODES_MAX = 8,
+  so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub (1 for window deployments);
+  chunk j covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online
+  softmax from the identity I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a
+  node is fold(fold(I, sub 2i), sub 2i + 1) (a missing sub is I); the output is the flat sum of
+  the nodes weighted by ex2(m - M), M the largest node max. Every fold is the same explicit PTX
+  (_fold_w / _fold_v: max, ex2.approx, mul.rn, fma.rn) wherever it runs, so its bits do not depend
+  on which CTA, thread or layout ran it.
 - Two layouts of that tree on CTAs, chosen on the host from the batch shape (choose_layout):
   wide (R * Hkv <= WIDE_MAX_PAIRS, no window): one CTA per chunk, an 8-CTA cluster per sub, so a
   single request at L = 8192 runs on 128 CTAs of 2 steps; deep (otherwise): one CTA per sub,
@@ -79,10 +79,11 @@ split variants):
   A second, relaxed cluster barrier keeps every CTA's smem alive until its peers are done.
 - Merge, level 2 (more than one node, or more than one sub when wide): rank c writes its rows of
   the cluster's partial to the workspace, one thread takes a ticket (one atom.acq_rel.gpu.add
-  after a CTA barrier: cumulative over the CTA's writes) on the counter of (request, KV head, rank c); the last arriving cluster's CTA
-  of rank c resets it to 0 and merges the partials of its rows: the largest max first, then the
-  nodes in order (wide: each folded from its two subs first). Counters are self-resetting and
-  sit at the end of the workspace, so one zeroed workspace serves calls of any batch size.
+  after a CTA barrier: cumulative over the CTA's writes) on the counter of (request, KV head, rank
+  c); the last arriving cluster's CTA of rank c resets it to 0 and merges the partials of its
+  rows: the largest max first, then the nodes in order (wide: each folded from its two subs
+  first). Counters are self-resetting and sit at the end of the workspace, so one zeroed workspace
+  serves calls of any batch size.
 - One node (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
   smem once.
 - Status (H200, 2026-11-29, bench/RESULTS.md fifth run): correct, deterministic, batch
@@ -173,7 +174,7 @@ class Attn2Config:
     stages: int       # TMA ring depth
     sp: int = 4       # pages per ring step (keys per step = 16 * sp, the N of S = Q K^T)
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
-    pdl: bool = True  # programmatic dependent launch (griddepcontrol.wait before the first global access)
+    pdl: bool = True  # programmatic dependent launch (griddepcontrol.wait before any global access)
 
     @property
     def mr(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -455,7 +456,9 @@ if _IMPORT_ERROR is None:
             self.SUBC = cfg.sub_chunks
             self.CS = cfg.cs
             self.CPC = cfg.cpc                # chunks per CTA
-            self.ACC = cfg.cpc > 1            # the CTA folds its chunks in a second accumulator
+            # the CTA folds its chunks in a second accumulator; a one-chunk CTA needs none, since
+            # fold(I, X) = X exactly (weights ex2(-1e30 - m) = 0 and ex2(0) = 1, fma(0, 0, x) = x)
+            self.ACC = cfg.cpc > 1
             self.CL_MAX = cfg.cl_max
             self.SLOTS = cfg.slots
             self.NODES_MAX = cfg.nodes_max
