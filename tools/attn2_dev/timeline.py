@@ -58,9 +58,9 @@ def make():
     rep(a, st(11, " " * 20) + a)
     a = "                    writes_out = Int32(1)      # n_cl == 1"
     rep(a, st(5, " " * 20) + a)
-    a = "                        cute.arch.sync_threads()\n                        if tidx == 0:\n                            cute.arch.fence_acq_rel_gpu()"
+    a = "                        cute.arch.sync_threads()\n                        if tidx == 0:\n                            old = "
     rep(a, "                        cute.arch.sync_threads()\n" + st(12, " " * 24)
-        + "                        if tidx == 0:\n                            cute.arch.fence_acq_rel_gpu()")
+        + "                        if tidx == 0:\n                            old = ")
     a = "                        writes_out = sFlag[0]\n"
     rep(a, a + st(6, " " * 24))
     a = "                        _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)\n"
