@@ -1068,9 +1068,11 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
         return False, f"q_len must be 1 or 8, got {q_len}"
     if kv_heads < 1 or window < 0 or max_seq_len < q_len:
         return False, f"bad deployment kv_heads={kv_heads} window={window} max_seq_len={max_seq_len}"
+    # a deep CTA stages its page-table slice in smem: 4 KB at 2^18 tokens, 32 KB at 2^21 (with
+    # NODES_MAX 8 the chunks grow with L); above 2^19 that costs the deep layout a CTA per SM
     if max_seq_len > 2**21:
         return False, ("max_seq_len above 2^21 tokens: a CTA stages its page-table slice in shared "
-                       "memory (8 KB at 2^21)")
+                       "memory (32 KB at 2^21)")
     return True, "ok"
 
 
