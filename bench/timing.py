@@ -31,9 +31,9 @@ def cpu_time_us(fn, n_sets: int, reps: int = 3) -> float:
     return statistics.median(ts) * 1e6
 
 
-def capture_calls(fn, n_sets: int) -> tuple[torch.cuda.CUDAGraph, int]:
+def capture_calls(fn, n_sets: int, min_calls: int = MIN_CALLS) -> tuple[torch.cuda.CUDAGraph, int]:
     """Warm fn up outside capture (compiles, allocator, autotune), then capture one CUDA graph of
-    max(n_sets, MIN_CALLS) calls cycling the sets; returns (graph, calls)."""
+    max(n_sets, min_calls) calls cycling the sets; returns (graph, calls)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -41,7 +41,7 @@ def capture_calls(fn, n_sets: int) -> tuple[torch.cuda.CUDAGraph, int]:
             fn(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    calls = max(n_sets, MIN_CALLS)
+    calls = max(n_sets, min_calls)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(calls):
@@ -49,9 +49,9 @@ def capture_calls(fn, n_sets: int) -> tuple[torch.cuda.CUDAGraph, int]:
     return graph, calls
 
 
-def graph_time_us(fn, n_sets: int, replays: int = REPLAYS) -> dict:
+def graph_time_us(fn, n_sets: int, replays: int = REPLAYS, min_calls: int = MIN_CALLS) -> dict:
     """Per-call us of fn over n_sets rotating sets by CUDA-graph replay (median, p20, p80)."""
-    graph, calls = capture_calls(fn, n_sets)
+    graph, calls = capture_calls(fn, n_sets, min_calls)
     for _ in range(WARMUP):
         graph.replay()
     torch.cuda.synchronize()

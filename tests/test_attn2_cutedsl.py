@@ -3,7 +3,6 @@ evaluation of DESIGN.md section 4: accuracy, determinism, batch invariance, grap
 error flags, self-resetting workspace counters. Skips cleanly without CUDA / cutlass."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 

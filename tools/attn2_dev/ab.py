@@ -4,24 +4,15 @@ usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2_dev/ab.py
   AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768]
 Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) and timed
 in turn, round after round, so drifts of the GPU hit all of them alike."""
-import os, sys, statistics, importlib.util
+import os, sys, statistics
 sys.path.insert(0, os.path.dirname(__file__))
 import run_dev
 import torch
 
-def load(path):
-    if path is None:
-        from muse_ops.cutedsl import attn2 as m
-        return m
-    name = "ab_" + os.path.basename(path)[:-3]
-    spec = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(spec); sys.modules[name] = m; spec.loader.exec_module(m)
-    return m
-
 VARIANTS = eval(os.environ["AB_VARIANTS"])      # [(label, file or None, override dict)]
 CASES = eval(os.environ["AB_CASES"])            # [(B, L, W, labels or None)]
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
-mods = {f: load(f) for _, f, _ in VARIANTS}
+mods = {f: run_dev.load_kernel(f) for _, f, _ in VARIANTS}
 g = torch.Generator().manual_seed(0)
 MIXED = [int(x) for x in torch.randint(512, 32769, (64,), generator=g)]
 for (B, L, W, labels) in CASES:

@@ -3,7 +3,6 @@ Builds the case of run_dev.bench_case (scattered pages, Hkv 2, q_len 8), launche
 import sys
 import os
 sys.path.insert(0, os.path.dirname(__file__))
-import torch
 import run_dev
 
 B, L, W = (int(x) for x in sys.argv[1:4])

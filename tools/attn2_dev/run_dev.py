@@ -6,13 +6,23 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import importlib.util
 import torch
-if os.environ.get("ATTN2_FILE"):     # A/B: time another version of the kernel module
-    _spec = importlib.util.spec_from_file_location("attn2_alt", os.environ["ATTN2_FILE"])
-    A = importlib.util.module_from_spec(_spec)
-    sys.modules["attn2_alt"] = A      # dataclasses look their module up
-    _spec.loader.exec_module(A)
-else:
-    from muse_ops.cutedsl import attn2 as A
+from bench import timing as T
+
+
+def load_kernel(path=None):
+    """The attn2 kernel module: muse_ops' own, or the copy at path (A/B of two versions)."""
+    if path is None:
+        from muse_ops.cutedsl import attn2
+        return attn2
+    name = "attn2_alt_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod           # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+A = load_kernel(os.environ.get("ATTN2_FILE"))
 from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, counters_zero, SCALE
 
 dev = "cuda"
@@ -81,25 +91,12 @@ def build_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, msl=1 << 18):
 
 
 def graph_us(case, reps=20, replays=5):
-    """Per-call us (median) of one CUDA graph of max(reps, pools) launches cycling the pools."""
+    """Per-call us (median) of one CUDA graph of max(reps, pools) launches cycling the pools
+    (bench.timing's capture and timer)."""
     def launch(i):
-        c, p = case.pools[i % len(case.pools)]
+        c, p = case.pools[i]
         A.launch_attn2(case.y, c, p, case.seq, case.out, case.ws, case.err, **case.kw)
-    for i in range(len(case.pools)):
-        launch(i)
-    torch.cuda.synchronize()
-    K = max(reps, len(case.pools))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(K):
-            launch(i)
-    g.replay(); torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(replays):
-        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / K)
-    return sorted(ts)[len(ts) // 2]
+    return T.graph_time_us(launch, len(case.pools), replays=replays, min_calls=reps)["us"]
 
 
 def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=1 << 18):
