@@ -3,10 +3,18 @@
 GPU: a callable fn(i) runs the op on input set i; one CUDA graph holds fn(0), fn(1), ...,
 fn(n-1) over n rotating input sets (each set's KV pages / weights distinct, together several
 times L2, so every call reads from HBM), cycled to at least MIN_CALLS calls, and the per-call time
-is (graph replay time) / calls, the median over >= 20 replays timed with CUDA events. Launch cost
+is (graph replay time) / calls, the median over >= 20 replays timed with CUDA events, after at
+least WARMUP_S of untimed replays. Launch cost
 is amortised into graph nodes, as a serving engine runs a decode step: a graph of one call would
 add the whole graph-launch gap (2.5-8 us measured on the H200) to a case whose one set already
 spans >= 4x L2.
+Why the warm-up lasts WARMUP_S and not a few replays: for a few ms after the driver frees a large
+allocation, kernels reading a large page pool run slower, and just before the first timed replay
+the capture (torch.cuda.graph empties the allocator's cache) frees whatever the float64 check left
+there. Measured on the H200 (tools/attn2_dev/bench_state.py, muse:cutedsl at B=128 L=16384
+W=2048, medians of 10 replays): 46.9 46.6 46.5 then 43.0 43.1 ... after an empty_cache that
+freed the reference's temporaries; 42.8 with nothing freed. With 3 warm-up replays the bench read
+47.5 for the contender timed right after the check and 43 elsewhere.
 CPU: wall clock, median of a few calls (only to exercise the code in CI).
 """
 from __future__ import annotations
@@ -18,6 +26,7 @@ import torch
 
 REPLAYS = 25
 WARMUP = 3
+WARMUP_S = 0.03         # and at least this long (see above)
 MIN_CALLS = 8
 
 
@@ -52,9 +61,12 @@ def capture_calls(fn, n_sets: int, min_calls: int = MIN_CALLS) -> tuple[torch.cu
 def graph_time_us(fn, n_sets: int, replays: int = REPLAYS, min_calls: int = MIN_CALLS) -> dict:
     """Per-call us of fn over n_sets rotating sets by CUDA-graph replay (median, p20, p80)."""
     graph, calls = capture_calls(fn, n_sets, min_calls)
-    for _ in range(WARMUP):
+    t_end = time.perf_counter() + WARMUP_S
+    done = 0
+    while done < WARMUP or time.perf_counter() < t_end:
         graph.replay()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        done += 1
     ts = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

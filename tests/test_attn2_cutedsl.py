@@ -234,7 +234,10 @@ def test_graph_replay():
     assert counters_zero(A, ws, R, hkv, q_len, window, msl)
 
 
-def test_error_flags_and_no_out_of_bounds():
+@pytest.mark.parametrize("layout", ["wide", "deep"])
+def test_error_flags_and_no_out_of_bounds(layout):
+    """Bad lengths give zero rows and bit 1, a bad page is skipped with bit 2, in either layout (the
+    4 requests x 2 KV heads would run wide by themselves)."""
     A = _kernel()
     q_len, window, msl, hkv = 8, 0, 4096, 2
     lens = [100, 3000, 500, 200]
@@ -242,7 +245,7 @@ def test_error_flags_and_no_out_of_bounds():
     seq[1] = 5000           # > max_seq_len -> zeros + bit 1
     seq[2] = 3              # < q_len       -> zeros + bit 1
     pt[3, 5] = cache.shape[0] + 7   # bad page -> skipped + bit 2
-    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, layout=layout)
     assert int(err.item()) == 3
     assert torch.all(out[q_len:3 * q_len] == 0)
     assert not torch.isnan(out[3 * q_len:]).any()
