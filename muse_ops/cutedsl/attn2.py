@@ -86,11 +86,12 @@ split variants):
   serves calls of any batch size.
 - One node (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
   smem once.
-- Status (H200, 2026-11-29, bench/RESULTS.md fifth run): correct, deterministic, batch
+- Status (H200, 2026-11-29, bench/RESULTS.md sixth run): correct, deterministic, batch
   invariant, both layouts bit-identical; faster than FA4 + norm-gate on every bench case;
-  B=1 L=8192 in 8.3 us (the issue asks <= 8; 7.8 in the kernel-only timing of tools/attn2_dev);
-  B=128 W=2048 at 1.43x of the floor (the issue asks <= 1.4x where the floor is >= 20 us), every
-  other such case at 1.10-1.37x. q_len 1 uses the same kernel (8 real rows of the 64).
+  B=1 L=8192 in 8.1-8.5 us depending on the run (the issue asks <= 8); every case whose floor
+  is >= 20 us within 1.07-1.34x of it. q_len 1 uses the same kernel (8 real rows of the 64).
+  Tried and measured slower (sixth run): pushing the level-1 rows into the merging CTA
+  (st.async or st.shared::cluster) instead of pulling them, and 1-step chunks at L = 8192.
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
