@@ -58,6 +58,19 @@ def capture_calls(fn, n_sets: int, min_calls: int = MIN_CALLS) -> tuple[torch.cu
     return graph, calls
 
 
+def replay_times_us(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> list[float]:
+    """Per-call us of each of `replays` replays of graph (calls calls each), CUDA events."""
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / calls)
+    return ts
+
+
 def graph_time_us(fn, n_sets: int, replays: int = REPLAYS, min_calls: int = MIN_CALLS) -> dict:
     """Per-call us of fn over n_sets rotating sets by CUDA-graph replay (median, p20, p80)."""
     graph, calls = capture_calls(fn, n_sets, min_calls)
@@ -67,14 +80,7 @@ def graph_time_us(fn, n_sets: int, replays: int = REPLAYS, min_calls: int = MIN_
         graph.replay()
         torch.cuda.synchronize()
         done += 1
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / calls)
+    ts = replay_times_us(graph, calls, replays)
     del graph
     q = statistics.quantiles(ts, n=10)
     return {"us": statistics.median(ts), "p20": q[1], "p80": q[7], "replays": replays, "sets": n_sets,

@@ -24,14 +24,7 @@ t0 = time.perf_counter()
 
 
 def series(tag, n=120):
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / calls)
+    ts = T.replay_times_us(graph, calls, n)
     chunks = [statistics.median(ts[i:i + 10]) for i in range(0, n, 10)]
     print(f"[{time.perf_counter() - t0:6.2f}s] {tag:26s} medians of 10 replays: "
           + " ".join(f"{c:.1f}" for c in chunks), flush=True)
