@@ -169,8 +169,7 @@ def format_table(rows, names, title) -> str:
 def notes(result) -> list[str]:
     out = [
         "Times: median us per call over >= 20 CUDA-graph replays (after >= 30 ms of untimed ones), each "
-        "replay running the op once per "
-        "rotating input set (distinct KV pages / weight copies, together >= 4x L2) so the data comes from HBM, "
+        "replay running the op once per rotating input set (distinct KV pages / weight copies, together >= 4x L2) so the data comes from HBM, "
         f"the sets cycled to at least {T.MIN_CALLS} calls per graph so the graph-launch gap is amortised; "
         "the 'sets' note of each row says how many (one pool larger than L2 where several copies do not fit).",
         "floor us = max(bytes / measured HBM copy bandwidth, one CUDA-graph node); attn2 bytes = KV rows each "

@@ -4,10 +4,9 @@ GPU: a callable fn(i) runs the op on input set i; one CUDA graph holds fn(0), fn
 fn(n-1) over n rotating input sets (each set's KV pages / weights distinct, together several
 times L2, so every call reads from HBM), cycled to at least MIN_CALLS calls, and the per-call time
 is (graph replay time) / calls, the median over >= 20 replays timed with CUDA events, after at
-least WARMUP_S of untimed replays. Launch cost
-is amortised into graph nodes, as a serving engine runs a decode step: a graph of one call would
-add the whole graph-launch gap (2.5-8 us measured on the H200) to a case whose one set already
-spans >= 4x L2.
+least WARMUP_S of untimed replays. Launch cost is amortised into graph nodes, as a serving engine
+runs a decode step: a graph of one call would add the whole graph-launch gap (2.5-8 us measured
+on the H200) to a case whose one set already spans >= 4x L2.
 Why the warm-up lasts WARMUP_S and not a few replays: for a few ms after the driver frees a large
 allocation, kernels reading a large page pool run slower, and just before the first timed replay
 the capture (torch.cuda.graph empties the allocator's cache) frees whatever the float64 check left
@@ -74,6 +73,13 @@ def replay_times_us(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> li
 def graph_time_us(fn, n_sets: int, replays: int = REPLAYS, min_calls: int = MIN_CALLS) -> dict:
     """Per-call us of fn over n_sets rotating sets by CUDA-graph replay (median, p20, p80)."""
     graph, calls = capture_calls(fn, n_sets, min_calls)
+    res = time_graph_us(graph, calls, n_sets, replays)
+    del graph
+    return res
+
+
+def time_graph_us(graph: torch.cuda.CUDAGraph, calls: int, n_sets: int, replays: int = REPLAYS) -> dict:
+    """Per-call us of a captured graph of `calls` calls (median, p20, p80), after the warm-up."""
     t_end = time.perf_counter() + WARMUP_S
     done = 0
     while done < WARMUP or time.perf_counter() < t_end:
@@ -81,7 +87,6 @@ def graph_time_us(fn, n_sets: int, replays: int = REPLAYS, min_calls: int = MIN_
         torch.cuda.synchronize()
         done += 1
     ts = replay_times_us(graph, calls, replays)
-    del graph
     q = statistics.quantiles(ts, n=10)
     return {"us": statistics.median(ts), "p20": q[1], "p80": q[7], "replays": replays, "sets": n_sets,
             "calls": calls}

@@ -1089,18 +1089,21 @@ def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, m
     return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
 
+def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int,
+                  override: dict | None = None) -> "Attn2Config":
+    """The variant a launch of this shape runs; override (dev tools) forces a layout or a tuning knob."""
+    over = dict(override or {})
+    layout = over.pop("layout", choose_layout(num_requests, kv_heads, window))
+    return _config(q_len, window, max_seq_len, layout, **over)
+
+
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
                  window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None) -> None:
     """Write out on torch's current stream (graph-capturable; no host sync)."""
     R = seq_lens.shape[0]
     if R == 0:
         return
-    if _cfg_override:         # dev tools: a layout or a tuning knob forced
-        over = dict(_cfg_override)
-        layout = over.pop("layout", choose_layout(R, kv_cache.shape[1], window))
-        cfg = _config(q_len, window, max_seq_len, layout, **over)
-    else:
-        cfg = _default_config(q_len, window, max_seq_len, choose_layout(R, kv_cache.shape[1], window))
+    cfg = launch_config(R, kv_cache.shape[1], q_len, window, max_seq_len, _cfg_override)
     need = workspace_layout(cfg, R, kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {R} requests, got {workspace.numel()}")

@@ -63,6 +63,7 @@ def build_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, msl=1 << 18):
     a workspace sized for the layout the launch will use."""
     lens = lens or [L] * B
     over = dict(over or {})
+    cfg = A.launch_config(B, hkv, q_len, window, msl, over)
     npg = [(l + 15) // 16 for l in lens]
     first = [max(0, l - q_len - window + 1) // 16 if window else 0 for l in lens]
     vis = sum(n - f for n, f in zip(npg, first))
@@ -80,8 +81,6 @@ def build_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, msl=1 << 18):
             pt[r, first[r]:npg[r]] = perm[o:o + n]
             o += n
         pools.append((cache, pt))
-    rest = dict(over)
-    cfg = A._config(q_len, window, msl, rest.pop("layout", A.choose_layout(B, hkv, window)), **rest)
     return SimpleNamespace(
         pools=pools, pool_bytes=pool_bytes, cfg=cfg,
         seq=torch.tensor(lens, dtype=torch.int32, device=dev),

@@ -7,7 +7,7 @@ import torch
 from muse_ops.cutedsl import attn2 as A
 from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, SCALE
 for q_len in (8, 1):
-    y, cache, pt, seq = make_case([q_len, 100, 1200, 5000], 1, q_len, seed=4)   # 5000: 3 clusters
+    y, cache, pt, seq = make_case([q_len, 100, 1200, 5000], 1, q_len, seed=4)
     for window in (0, 1024):
         for layout in A.deployment_layouts(window):
             out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=8192, layout=layout)
