@@ -40,8 +40,10 @@ split variants):
   registers, 4 CTAs per SM; 91 and 5 for window deployments) and a fold per chunk.
 - PDL: every launch may start while its predecessor in the stream runs; griddepcontrol.wait
   comes before the first global access (only the TMA descriptor prefetch and the mbarrier init
-  precede it), so any predecessor is safe. No launch_dependents: the next grid launches as our
-  CTAs exit (an earlier trigger let its waiting CTAs take SM slots from ours, measured).
+  precede it), so any predecessor is safe. A wide grid that is resident all at once (at most 2
+  CTAs per SM) triggers its dependent launch after the main loop, so the next kernel's launch
+  overlaps our merges when it is launched with PDL too; other grids do not trigger (the next
+  grid's early CTAs took SM slots from our later waves, measured) and it launches as they exit.
 - Start of a CTA: seq_len, then the page-table entries of its chunks, then the first KV load are
   three dependent latencies. A wide CTA issues its Q loads and three guesses of its page-table
   entries (32 from step s, 2 s and 3 s: where chunk s starts when steps // chunks is exactly 1, 2
@@ -476,7 +478,7 @@ if _IMPORT_ERROR is None:
                      mOut: cute.Tensor,           # bf16 [q_len*R, Hq*64]
                      mWs: cute.Tensor,            # uint8 [bytes]
                      mErr: cute.Tensor,           # int32 [1]
-                     scale: Float32, max_seq_len: Int32,
+                     scale: Float32, max_seq_len: Int32, wave_ctas: Int32,
                      stream: cuda.CUstream):
             R = mSeq.shape[0]
             hkv = mCache.shape[1]
@@ -497,7 +499,7 @@ if _IMPORT_ERROR is None:
             if const_expr(self.CS > 1):
                 occ["cluster"] = (self.CS, 1, 1)
             self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, tma_atom, mKV_tma, sRing_layout, sPages_layout,
-                        sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len).launch(
+                        sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len, wave_ctas).launch(
                 grid=(self.CS, hkv * R, self.CL_MAX), block=(THREADS, 1, 1), stream=stream,
                 use_pdl=self.cfg.pdl, **occ)
 
@@ -506,7 +508,7 @@ if _IMPORT_ERROR is None:
                    mOut: cute.Tensor, mWs: cute.Tensor, mErr: cute.Tensor,
                    tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sRing_layout: cute.ComposedLayout,
                    sPages_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
-                   num_pages: Int32, scale_log2: Float32, max_seq_len: Int32):
+                   num_pages: Int32, scale_log2: Float32, max_seq_len: Int32, wave_ctas: Int32):
             QL = self.q_len
             W = self.window
             WIDE = self.WIDE
@@ -542,11 +544,9 @@ if _IMPORT_ERROR is None:
                     cute.arch.mbarrier_init_fence()
             # ---- PDL: this grid may start while its predecessor in the stream still runs; nothing
             # global is read or written before the predecessor is done, so any kernel may precede
-            # (one that writes seq_lens or the page table too). No launch_dependents: the next
-            # kernel launches as our CTAs exit. Measured (tools/attn2_dev, interleaved, us): B=1
-            # L=8192 8.16 against 8.56 without PDL; a trigger after the main loop gained 0.1 there
-            # but cost 4.5 at B=32 L=4096 and 3.8 at B=128 W=2048 (the next grid's early CTAs
-            # take SM slots and cluster places from ours).
+            # (one that writes seq_lens or the page table too). Measured (tools/attn2_dev,
+            # interleaved, us): B=1 L=8192 8.16 against 8.56 without PDL. The trigger for the next
+            # grid comes after the main loop, in single-wave wide grids only (see there).
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()
             # ---- wide: issue what does not need L together with L (one latency instead of three):
@@ -810,6 +810,16 @@ if _IMPORT_ERROR is None:
                                     acc_o[i] = _fold_v(acc_o[i], fw[(i // 2) % 2, 0], tOrO[i], fw[(i // 2) % 2, 1])
                                     tOrO[i] = 0.0
 
+                    # ---- PDL trigger: the next grid in the stream may launch now and wait in its
+                    # griddepcontrol.wait (it reads nothing of ours before our grid is done), so its
+                    # launch overlaps our merges. Only where the whole grid is resident at once (wide,
+                    # estimated from this request's L): in a grid of several waves the dependent's
+                    # early CTAs hold SM slots that our later CTAs need. Measured (ab.py, us): B=1
+                    # L=8192 7.58 against 8.20, B=8 L=2048 9.34 against 9.87, but B=4 L=16384 (1024
+                    # CTAs) 24.46 against 23.92; every deep case slower (fifth run: B=32 L=4096 +4.5).
+                    if const_expr(WIDE and self.cfg.pdl):
+                        if R * hkv * n_chunks <= wave_ctas:
+                            cute.arch.griddepcontrol_launch_dependents()
                     # ---- rows this CTA merges and writes: rank's RPR rows, TPRM threads x CPTM columns each
                     RPR, TPRM, CPTM = self.RPR, self.TPRM, self.CPTM
                     m_act = Int32(tidx < RPR * TPRM)
@@ -874,9 +884,9 @@ if _IMPORT_ERROR is None:
                         take = Int32(cl * SUBC + j < n_chunks)
                         m_g, l_g = _fold_into(m_g, l_g, om, mj[j], lj[j], oj[None, j], take, WIDE)
                     # every load of a peer's smem issued above has returned (its value is used), so a
-                    # relaxed arrive suffices to let the peers exit
+                    # relaxed arrive suffices to let the peers exit; the matching wait is the CTA's last
+                    # step, so nothing below waits for the slowest peer's merge
                     cute.arch.cluster_arrive_relaxed()
-                    cute.arch.cluster_wait()
                     onode = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
                     o_zero = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)   # O of I
                     o_zero.fill(0.0)
@@ -992,6 +1002,8 @@ if _IMPORT_ERROR is None:
                         for c in cutlass.range_constexpr(CPTM):
                             om[c] = om[c] * inv_l
                         _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)
+                    # my smem stays alive until every peer has read it (the relaxed arrive above)
+                    cute.arch.cluster_wait()
 
 
 # ------------------------------------------------------------------------------------ host
@@ -1044,7 +1056,7 @@ def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
     fW = make_fake_compact_tensor(cutlass.Uint8, (nws,), assumed_align=16)
     fE = make_fake_compact_tensor(Int32, (1,), assumed_align=4)
     opts = ("--enable-tvm-ffi " + extra_options).strip()
-    fn = cute.compile(Attn2Sm90(cfg), fY, fC, fPT, fS, fO, fW, fE, Float32(0.5), Int32(cfg.max_seq_len),
+    fn = cute.compile(Attn2Sm90(cfg), fY, fC, fPT, fS, fO, fW, fE, Float32(0.5), Int32(cfg.max_seq_len), Int32(264),
                       make_fake_stream(use_tvm_ffi_env_stream=True), options=opts)
     _CACHE[key] = fn
     return fn
@@ -1097,6 +1109,18 @@ def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max
     return _config(q_len, window, max_seq_len, layout, **over)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def wave_ctas(device) -> int:
+    """Wide CTAs a launch may have and still trigger its dependent launch early: 2 per SM (a wide
+    CTA takes ~41 KB of smem and 94 registers, so such a grid is resident all at once)."""
+    idx = torch.device(device).index
+    return 2 * _sm_count(torch.cuda.current_device() if idx is None else idx)
+
+
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
                  window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None) -> None:
     """Write out on torch's current stream (graph-capturable; no host sync)."""
@@ -1108,7 +1132,8 @@ def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, 
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {R} requests, got {workspace.numel()}")
     fn = compile_attn2(cfg)
-    fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len))
+    fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
+       wave_ctas(y.device))
 
 
 def compile_all_variants_for_ci(max_seq_lens=(2048, 32768, 262144)) -> list:

@@ -4,7 +4,8 @@ boundaries, from the last call of a CUDA graph (like run_dev.py's timing).
     python3 tools/attn2_dev/timeline.py make         # CPU: write .device/attn2_tl.py, an
                                                      # instrumented copy of muse_ops/cutedsl/attn2.py
     python3 tools/attn2_dev/timeline.py run          # device: print the phase table
-env TLC: cases [(B, L, W), ...]; TLV: config overrides [{"layout": "wide"}, ...].
+env TLC: cases [(B, L, W), ...]; TLV: config overrides [{"layout": "wide"}, ...]; TL_SRC: the
+kernel file to instrument (default muse_ops'); TL_OUT: the instrumented copy.
 The copy is made by inserting stamps after anchor lines of attn2.py; an anchor that moved fails
 loudly. The stamps live in an extra workspace region; the timer ticks in ~32 ns steps and the
 kernel is otherwise unchanged (a few % slower)."""
@@ -15,15 +16,15 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
-OUT_FILE = os.path.join(ROOT, ".device", "attn2_tl.py")
-NS = 16     # stamp slots per CTA
+OUT_FILE = os.environ.get("TL_OUT", os.path.join(ROOT, ".device", "attn2_tl.py"))
+NS = 32     # stamp slots per CTA: globaltimer in 0..15 (13: %smid), clock64 in 16..31
 NAMES = {0: "start", 1: "L", 2: "pt+Q", 3: "kv0", 4: "loop", 8: "sync", 9: "sX", 10: "clbar1",
          11: "dsmem", 5: "clbar2", 12: "part", 6: "ticket", 7: "end"}
 ORDER = [0, 1, 2, 3, 4, 8, 9, 10, 11, 5, 12, 6, 7]
 
 
 def make():
-    src = open(os.path.join(ROOT, "muse_ops", "cutedsl", "attn2.py")).read()
+    src = open(os.environ.get("TL_SRC", os.path.join(ROOT, "muse_ops", "cutedsl", "attn2.py"))).read()
 
     def rep(a, b):
         nonlocal src
@@ -31,7 +32,8 @@ def make():
         src = src.replace(a, b)
 
     def st(i, ind):
-        return f"{ind}if tidx == 0:\n{ind}    dbg[cta_d, {i}] = cute.arch.globaltimer()\n"
+        return (f"{ind}if tidx == 0:\n{ind}    dbg[cta_d, {i}] = cute.arch.globaltimer()\n"
+                f"{ind}    dbg[cta_d, {16 + i}] = cute.arch.clock64()\n")
     rep("    return off, n_cnt, (off + 4 * nslot * cfg.mr * 2 + 4 * n_cnt + 15) // 16 * 16",
         "    return off, n_cnt, (off + 4 * nslot * cfg.mr * 2 + 8 * NSTAMP * num_requests * kv_heads"
         " * cfg.cs * cfg.cl_max + 4 * n_cnt + 15) // 16 * 16")
@@ -41,9 +43,11 @@ def make():
         "            dbg = cute.make_tensor(cute.recast_ptr(mWs.iterator + off_d, dtype=Int64),\n"
         "                                   cute.make_layout((R * hkv * self.CS * self.CL_MAX, NSTAMP), stride=(NSTAMP, 1)))\n"
         "            cta_d = (r * hkv + g) * (self.CS * self.CL_MAX) + s\n"
-        + st(0, " " * 12) + "            L = mSeq[r]\n            bad_len")
+        + st(0, " " * 12) + "            if tidx == 0:\n                dbg[cta_d, 13] = Int64(cute.arch.smid())\n"
+        + "            L = mSeq[r]\n            bad_len")
     rep("                if cl < n_cl:\n                    # every CTA",
         "                if tidx == 0:\n                    dbg[cta_d, 1] = cute.arch.globaltimer() + Int64(L - L)\n"
+        "                    dbg[cta_d, 17] = cute.arch.clock64()\n"
         "                if cl < n_cl:\n                    # every CTA")
     a = "                    cute.arch.sync_threads()               # sQ, sPT and the mbarriers visible\n"
     rep(a, a + st(2, " " * 20))
@@ -84,7 +88,7 @@ def probe(RD, B, L, W, over):
     work = d[d[:, 4] > 0]
     line = (f"TL {str((B, L, W)):16s} {str(over):24s} graph {us:6.2f} us/call  span "
             f"{(d[:, 7].max().item() - t0) / 1e3:6.2f}  CTAs {len(d)} working {len(work)}\n   at (median/max us):")
-    deltas, prev = "   phase (median us):", None
+    deltas, prev = "   phase (SM cycles from the previous stamp, median/max):", None
     for j in ORDER:
         col = work[:, j]
         if (col > 0).any():
@@ -92,9 +96,23 @@ def probe(RD, B, L, W, over):
             line += f" {NAMES[j]} {v.median().item():.2f}/{v.max().item():.2f}"
             if prev is not None:
                 ok = (work[:, prev] > 0) & (col > 0)
-                deltas += f" {NAMES[j]} {((col[ok] - work[ok, prev]).double().median().item() / 1e3):.2f}"
+                dc = (work[ok, 16 + j] - work[ok, 16 + prev]).double()     # SM cycles, exact
+                deltas += f" {NAMES[j]} {dc.median().item():.0f}/{dc.max().item():.0f}"
             prev = j
     print(line + "\n" + deltas, flush=True)
+    # placement: SMs that host more than one working CTA, and the slowest CTAs with their SM
+    sm = work[:, 13]
+    per_sm = torch.bincount(sm, minlength=int(sm.max()) + 1)
+    ids = d[:, 4] > 0
+    idx = torch.nonzero(ids).flatten()
+    print(f"   SMs used {int((per_sm > 0).sum())}, hosting 2+ working CTAs: {int((per_sm > 1).sum())}", flush=True)
+    for col, name in ((4, "loop"), (7, "end")):
+        v = work[:, col].clone()
+        v[v == 0] = t0
+        for i in torch.argsort(v, descending=True)[:4].tolist():
+            row = work[i]
+            ph = " ".join(f"{NAMES[j]} {(row[j].item() - t0) / 1e3:.2f}" for j in (0, 3, 4, 10, 11, 6, 7) if row[j] > 0)
+            print(f"   slowest by {name}: cta {int(idx[i])} sm {int(row[13])} (x{int(per_sm[row[13]])}) {ph}", flush=True)
 
 
 def run():
