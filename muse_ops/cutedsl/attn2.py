@@ -40,10 +40,10 @@ split variants):
   registers, 4 CTAs per SM; 91 and 5 for window deployments) and a fold per chunk.
 - PDL: every launch may start while its predecessor in the stream runs; griddepcontrol.wait
   comes before the first global access (only the TMA descriptor prefetch and the mbarrier init
-  precede it), so any predecessor is safe. A wide grid that is resident all at once (at most 2
-  CTAs per SM) triggers its dependent launch after the main loop, so the next kernel's launch
-  overlaps our merges when it is launched with PDL too; other grids do not trigger (the next
-  grid's early CTAs took SM slots from our later waves, measured) and it launches as they exit.
+  precede it), so any predecessor is safe. A wide grid of at most one working CTA per SM
+  triggers its dependent launch after the main loop, so the next kernel's launch overlaps our
+  merges when it is launched with PDL too; other grids do not trigger (the next grid's early
+  CTAs took SM slots from ours, measured) and the next kernel launches as our CTAs exit.
 - Start of a CTA: seq_len, then the page-table entries of its chunks, then the first KV load are
   three dependent latencies. A wide CTA issues its Q loads and three guesses of its page-table
   entries (32 from step s, 2 s and 3 s: where chunk s starts when steps // chunks is exactly 1, 2
@@ -812,11 +812,13 @@ if _IMPORT_ERROR is None:
 
                     # ---- PDL trigger: the next grid in the stream may launch now and wait in its
                     # griddepcontrol.wait (it reads nothing of ours before our grid is done), so its
-                    # launch overlaps our merges. Only where the whole grid is resident at once (wide,
-                    # estimated from this request's L): in a grid of several waves the dependent's
-                    # early CTAs hold SM slots that our later CTAs need. Measured (ab.py, us): B=1
-                    # L=8192 7.58 against 8.20, B=8 L=2048 9.34 against 9.87, but B=4 L=16384 (1024
-                    # CTAs) 24.46 against 23.92; every deep case slower (fifth run: B=32 L=4096 +4.5).
+                    # launch overlaps our merges. Only in wide grids of at most one working CTA per
+                    # SM (estimated from this request's L): there the next grid's early CTAs take no
+                    # SM slot that ours need. Measured (us, bench inputs, tools/attn2_dev/
+                    # bench_trigger.py): B=1 L=8192 7.64 against 8.28, B=1 L=512 4.32 against 4.73;
+                    # B=8 L=2048 (256 CTAs) 9.50 against 9.84 in one process, 10.45-10.63 against
+                    # 10.1 in another; B=4 L=16384 (1024 CTAs, ab.py) 24.46 against 23.92; deep
+                    # grids slower (fifth run: B=32 L=4096 +4.5).
                     if const_expr(WIDE and self.cfg.pdl):
                         if R * hkv * n_chunks <= wave_ctas:
                             cute.arch.griddepcontrol_launch_dependents()
@@ -1056,7 +1058,7 @@ def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
     fW = make_fake_compact_tensor(cutlass.Uint8, (nws,), assumed_align=16)
     fE = make_fake_compact_tensor(Int32, (1,), assumed_align=4)
     opts = ("--enable-tvm-ffi " + extra_options).strip()
-    fn = cute.compile(Attn2Sm90(cfg), fY, fC, fPT, fS, fO, fW, fE, Float32(0.5), Int32(cfg.max_seq_len), Int32(264),
+    fn = cute.compile(Attn2Sm90(cfg), fY, fC, fPT, fS, fO, fW, fE, Float32(0.5), Int32(cfg.max_seq_len), Int32(132),
                       make_fake_stream(use_tvm_ffi_env_stream=True), options=opts)
     _CACHE[key] = fn
     return fn
@@ -1115,10 +1117,10 @@ def _sm_count(device_index: int) -> int:
 
 
 def wave_ctas(device) -> int:
-    """Wide CTAs a launch may have and still trigger its dependent launch early: 2 per SM (a wide
-    CTA takes ~41 KB of smem and 94 registers, so such a grid is resident all at once)."""
+    """Working wide CTAs a launch may have and still trigger its dependent launch early: one per
+    SM (2 per SM, e.g. B=8 L=2048, measured faster in one process and slower in another)."""
     idx = torch.device(device).index
-    return 2 * _sm_count(torch.cuda.current_device() if idx is None else idx)
+    return _sm_count(torch.cuda.current_device() if idx is None else idx)
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
