@@ -78,7 +78,9 @@ split variants):
   CTA its chunk, a deep CTA its sub); after a cluster barrier, rank c reads rows
   [c * RPR, (c + 1) * RPR) of all CS peers (ld.shared::cluster) and folds them in rank order from
   I (wide: chunks past the request's end are skipped by selection; deep: the pair's two subs).
-  A second, relaxed cluster barrier keeps every CTA's smem alive until its peers are done.
+  A second cluster barrier keeps every CTA's smem alive until its peers are done: its relaxed
+  arrive follows the CTA's DSMEM loads, its wait is the CTA's last step (so the level-2 merge
+  does not wait for the slowest peer's loads).
 - Merge, level 2 (more than one node, or more than one sub when wide): rank c writes its rows of
   the cluster's partial to the workspace, one thread takes a ticket (one atom.acq_rel.gpu.add
   after a CTA barrier: cumulative over the CTA's writes) on the counter of (request, KV head, rank
@@ -88,12 +90,15 @@ split variants):
   serves calls of any batch size.
 - One node (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
   smem once.
-- Status (H200, 2026-11-29, bench/RESULTS.md sixth run): correct, deterministic, batch
+- Status (H200, 2026-11-29, bench/RESULTS.md seventh run): correct, deterministic, batch
   invariant, both layouts bit-identical; faster than FA4 + norm-gate on every bench case;
-  B=1 L=8192 in 8.1-8.5 us depending on the run (the issue asks <= 8); every case whose floor
-  is >= 20 us within 1.07-1.34x of it. q_len 1 uses the same kernel (8 real rows of the 64).
-  Tried and measured slower (sixth run): pushing the level-1 rows into the merging CTA
-  (st.async or st.shared::cluster) instead of pulling them, and 1-step chunks at L = 8192.
+  B=1 L=8192 in 7.6-7.7 us (the issue asks <= 8); every case whose floor is >= 20 us within
+  1.07-1.30x of it. q_len 1 uses the same kernel (8 real rows of the 64). Tried and measured
+  slower (sixth run): pushing the level-1 rows into the merging CTA (st.async or
+  st.shared::cluster) instead of pulling them, and 1-step chunks at L = 8192. Seen and left: at
+  B=1 L=8192 Hkv=2 the 16 clusters of 8 fit the H200's GPCs only 15 at a time, so one shares 8
+  SMs with another; its CTAs end their loop ~0.8 us and pass the first cluster barrier ~1.5 us
+  after the median CTA, and they finish the launch (timeline.py, %smid).
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """

@@ -2,6 +2,7 @@
 usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2_dev/ab.py
   AB_VARIANTS: [(label, kernel module file or None for muse_ops', config override dict), ...]
   AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768]
+  AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench)
 Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) and timed
 in turn, round after round, so drifts of the GPU hit all of them alike."""
 import os, sys, statistics
@@ -22,7 +23,7 @@ for (B, L, W, labels) in CASES:
             continue
         run_dev.A = mods[f]
         lens = MIXED if B == "mixed" else None
-        msl = 32768 if B == "mixed" else L
+        msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else L)
         case = run_dev.build_case(64 if B == "mixed" else B, L, W, lens=lens, over=over, msl=msl)
         run_dev.graph_us(case)          # compile + warm
         built.append((lab, f, case))
