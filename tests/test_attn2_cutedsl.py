@@ -234,6 +234,44 @@ def test_graph_replay():
     assert counters_zero(A, ws, R, hkv, q_len, window, msl)
 
 
+def test_pdl_chain_shares_workspace():
+    """Back-to-back launches sharing one workspace and error flag, eager and in one CUDA graph: a
+    single request near L=8192 at Hkv 2 runs 128 wide CTAs, at most one per SM, so each launch
+    lets the next one launch early (PDL trigger after its main loop); the next must still see
+    the counters reset and write only its own rows. Every call's output against float64."""
+    A = _kernel()
+    q_len, window, hkv, msl = 8, 0, 2, 8192
+    steps = (msl // PAGE_SIZE + 3) // 4
+    assert hkv * A.split_plan(steps)[1] <= A.wave_ctas("cuda"), "the chain would not trigger"
+    calls = [make_case([msl - 37 * k], hkv, q_len, seed=40 + k) for k in range(4)]
+    refs = [ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+            for (y, cache, pt, seq) in calls]
+    outs = [torch.empty(q_len, GROUP * hkv * HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in calls]
+    ws = torch.zeros(A.workspace_bytes(1, hkv, q_len, window, msl), dtype=torch.uint8, device="cuda")
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl)
+
+    def chain():
+        for (y, cache, pt, seq), out in zip(calls, outs):
+            A.launch_attn2(y, cache, pt, seq, out, ws, err, **kw)
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for run in (chain, graph.replay, graph.replay):
+        for out in outs:
+            out.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        for k, (out, ref) in enumerate(zip(outs, refs)):
+            nbad, mx, mean = check_close(out, ref)
+            assert nbad == 0 and mean <= 2e-3, (run, k, nbad, mx, mean)
+    assert int(err.item()) == 0
+    assert counters_zero(A, ws, 1, hkv, q_len, window, msl)
+
+
 @pytest.mark.parametrize("layout", ["wide", "deep"])
 def test_error_flags_and_no_out_of_bounds(layout):
     """Bad lengths give zero rows and bit 1, a bad page is skipped with bit 2, in either layout (the
