@@ -551,7 +551,7 @@ if _IMPORT_ERROR is None:
             # global is read or written before the predecessor is done, so any kernel may precede
             # (one that writes seq_lens or the page table too). Measured (tools/attn2_dev,
             # interleaved, us): B=1 L=8192 8.16 against 8.56 without PDL. The trigger for the next
-            # grid comes after the main loop, in single-wave wide grids only (see there).
+            # grid comes after the main loop, in wide grids of at most one working CTA per SM.
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()
             # ---- wide: issue what does not need L together with L (one latency instead of three):

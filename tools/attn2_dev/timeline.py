@@ -7,8 +7,9 @@ boundaries, from the last call of a CUDA graph (like run_dev.py's timing).
 env TLC: cases [(B, L, W), ...]; TLV: config overrides [{"layout": "wide"}, ...]; TL_SRC: the
 kernel file to instrument (default muse_ops'); TL_OUT: the instrumented copy.
 The copy is made by inserting stamps after anchor lines of attn2.py; an anchor that moved fails
-loudly. The stamps live in an extra workspace region; the timer ticks in ~32 ns steps and the
-kernel is otherwise unchanged (a few % slower)."""
+loudly. The stamps live in an extra workspace region; %globaltimer ticks in 0.256 us steps on the
+H200, so phases are also stamped in SM cycles (clock64, exact within a CTA); with %smid the run
+shows which SMs host two working CTAs. The kernel is otherwise unchanged (a few % slower)."""
 import os
 import sys
 
