@@ -241,7 +241,8 @@ def test_pdl_chain_shares_workspace():
     the counters reset and write only its own rows. Every call's output against float64."""
     A = _kernel()
     q_len, window, hkv, msl = 8, 0, 2, 8192
-    steps = (msl // PAGE_SIZE + 3) // 4
+    cfg = A.launch_config(1, hkv, q_len, window, msl)
+    steps = -(-msl // PAGE_SIZE // cfg.sp)
     assert hkv * A.split_plan(steps)[1] <= A.wave_ctas("cuda"), "the chain would not trigger"
     calls = [make_case([msl - 37 * k], hkv, q_len, seed=40 + k) for k in range(4)]
     refs = [ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
