@@ -90,7 +90,8 @@ def build_attn2_contender(name: str, inp: Attn2Inputs, device):
             raise Absent(why)
         ws = muse_ops.attn2_workspace(device, c.batch, c.kv_heads, c.q_len, c.window, c.max_seq_len)
         if backend == "cutedsl":  # compile outside the timing
-            muse_ops.prepare(c.kv_heads, c.q_len, c.window, c.max_seq_len, device)
+            muse_ops.prepare(muse_ops.DeploymentConfig(kv_heads=c.kv_heads, q_len=c.q_len, window=c.window,
+                                                       max_seq_len=c.max_seq_len, max_batch=c.batch), device)
 
         def fn(i):
             return muse_ops.attn2(inp.ys[i], inp.kv_cache, inp.page_tables[i], inp.seq_lens, q_len=c.q_len,

@@ -46,27 +46,25 @@ def cutedsl_support(op: str, device: torch.device, **variant) -> tuple[bool, str
 @functools.lru_cache(maxsize=256)
 def _cutedsl_support(op: str, device: torch.device, variant: tuple) -> tuple[bool, str]:
     """Cached: the answer depends on the device and the deployment only, and every call asks."""
-    variant = dict(variant)
     if device.type != "cuda":
         return False, f"{device.type} device (the CuTe DSL kernels need an sm_90 GPU)"
-    if op == "qkv_front":
-        return False, "no CuTe DSL qkv_front kernel yet"
-    try:
-        from .cutedsl import attn2 as kernel
-    except Exception as exc:  # ImportError, or a cutlass that fails to initialise
-        return False, f"CuTe DSL backend not importable: {type(exc).__name__}: {exc}"
-    return kernel.can_implement(device, **variant)
+    from .cutedsl import registry
+    return registry.support(op, device, **dict(variant))
 
 
 def available_backends(device, op: str = "attn2", **variant) -> dict[str, tuple[bool, str]]:
-    """{name: (can run, why)} for `op` on `device`; variant = kv_heads, q_len, window, max_seq_len."""
+    """{name: (can run, why)} for `op` on `device`; attn2's variant = kv_heads, q_len, window,
+    max_seq_len, qkv_front's = kv_heads, rope (defaults: a TP8 verify deployment)."""
     device = torch.device(device)
-    if op == "attn2":
-        variant = {"kv_heads": 2, "q_len": 8, "window": 0, "max_seq_len": 32768, **variant}
+    defaults = {"attn2": {"kv_heads": 2, "q_len": 8, "window": 0, "max_seq_len": 32768},
+                "qkv_front": {"kv_heads": 2, "rope": True}}
+    variant = {**defaults.get(op, {}), **variant}
     return {"cutedsl": cutedsl_support(op, device, **variant), "reference": (True, "runs anywhere")}
 
 
-def resolve(op: str, device: torch.device, requested: str | None, **variant) -> str:
+def resolve(op: str, device: torch.device, requested: str | None, *, record: bool = True, **variant) -> str:
+    """The backend that runs `op` here (see the module docstring); record=False for a probe that
+    runs nothing (prepare, the layer's checks), which neither logs nor changes last_backend."""
     name = requested or _forced or os.environ.get(ENV_VAR) or None
     if name is not None:
         if name not in BACKENDS:
@@ -79,10 +77,11 @@ def resolve(op: str, device: torch.device, requested: str | None, **variant) -> 
         ok, why = cutedsl_support(op, device, **variant)
         name = "cutedsl" if ok else "reference"
         key = (op, str(device), name, why)
-        if device.type == "cuda" and not ok and key not in _logged:
+        if record and device.type == "cuda" and not ok and key not in _logged:
             _logged.add(key)
             log.warning("muse::%s on %s runs on the reference backend: %s", op, device, why)
-    _last[op] = name
+    if record:
+        _last[op] = name
     return name
 
 

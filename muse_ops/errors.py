@@ -16,10 +16,12 @@ import torch
 BAD_SEQ_LEN = 1      # a request's L outside [q_len, max_seq_len]: its rows are written as zeros
 BAD_PAGE = 2         # a page-table entry outside [0, num_pages): the page is skipped
 BAD_SLOT = 4         # a slot at or past num_pages * 16: the insert is skipped
+BAD_POSITION = 8     # a position outside cos_sin's rows (RoPE): row 0 is used instead
 
 _FLAG_NAMES = {BAD_SEQ_LEN: "seq_lens outside [q_len, max_seq_len]",
                BAD_PAGE: "page_table entry outside [0, num_pages)",
-               BAD_SLOT: "slot outside the cache"}
+               BAD_SLOT: "slot outside the cache",
+               BAD_POSITION: "position outside cos_sin"}
 
 
 class MuseInputError(ValueError):
@@ -42,12 +44,16 @@ def error_flag(device: torch.device) -> torch.Tensor:
     with _lock:
         flag = _flags.get(device)
         if flag is None:
-            flag = _flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
+            # an ordinary tensor even when the first call runs under torch.inference_mode(), so
+            # device_errors() can read and reset it from any mode
+            with torch.inference_mode(False):
+                flag = _flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
         return flag
 
 
-def device_errors(device: torch.device, reset: bool = True) -> int:
-    """The error bits recorded on `device` since the last reset (synchronises with the device)."""
+def device_errors(device: torch.device = "cuda", reset: bool = True) -> int:
+    """The error bits recorded on `device` since the last reset (synchronises with the device);
+    works in any grad / inference mode."""
     flag = error_flag(device)
     bits = int(flag.item())
     if reset and bits:
@@ -59,7 +65,7 @@ def describe(bits: int) -> str:
     return "; ".join(name for bit, name in _FLAG_NAMES.items() if bits & bit) or "none"
 
 
-def raise_device_errors(device: torch.device) -> None:
+def raise_device_errors(device: torch.device = "cuda") -> None:
     """Raise MuseDeviceError if any kernel on `device` recorded out-of-range contents."""
     bits = device_errors(device)
     if bits:

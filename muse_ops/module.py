@@ -4,7 +4,11 @@ It owns the fused projection weight [1152*Hkv, 8192] (q | k | v | gate rows), th
 output projection, the RoPE cos|sin table of a sliding-window layer (built once, sized by the
 deployment's positions), the deployment config and attn2's workspace. The KV cache belongs to
 the caller (one cache per layer, shared with the engine's allocator) and is written in place.
-No kernel logic lives here: forward is qkv_front, attn2, then o_proj.
+No kernel logic lives here: forward is the step's checks, qkv_front, attn2, then o_proj.
+
+The module is for inference: its parameters do not require grad (so it runs, eagerly or under
+torch.compile, in default grad mode without torch.no_grad()), and its buffers are ordinary
+tensors even when it is built under torch.inference_mode().
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import torch
 from torch import nn
 
 from . import ops
-from .config import HIDDEN, DeploymentConfig, proj_cols, q_heads, HEAD_DIM
+from .config import HEAD_DIM, HIDDEN, DeploymentConfig, proj_cols, q_heads
 from .reference import rope_cos_sin
 
 
@@ -25,17 +29,22 @@ class MuseAttentionDecode(nn.Module):
         self.config = config
         self.backend = backend
         kw = {"device": device, "dtype": torch.bfloat16}
-        self.qkv_weight = nn.Parameter(torch.empty(proj_cols(config.kv_heads), HIDDEN, **kw))
-        self.o_proj = (nn.Linear(q_heads(config.kv_heads) * HEAD_DIM, HIDDEN, bias=False, **kw)
-                       if o_proj else None)
-        if config.rope:
-            positions = max_positions or config.max_seq_len
-            self.register_buffer("cos_sin", rope_cos_sin(positions, config.rope_theta, device), persistent=False)
-        else:
-            self.cos_sin = None
-        self.register_buffer("workspace", self._new_workspace(device), persistent=False)
-        self.reset_parameters()
+        with torch.inference_mode(False):
+            self.qkv_weight = nn.Parameter(torch.empty(proj_cols(config.kv_heads), HIDDEN, **kw),
+                                           requires_grad=False)
+            self.o_proj = (nn.Linear(q_heads(config.kv_heads) * HEAD_DIM, HIDDEN, bias=False, **kw)
+                           if o_proj else None)
+            if self.o_proj is not None:
+                self.o_proj.weight.requires_grad_(False)
+            if config.rope:
+                positions = max_positions or config.max_seq_len
+                self.register_buffer("cos_sin", rope_cos_sin(positions, config.rope_theta, device), persistent=False)
+            else:
+                self.cos_sin = None
+            self.register_buffer("workspace", self._new_workspace(device), persistent=False)
+            self.reset_parameters()
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
         nn.init.normal_(self.qkv_weight, std=1.0 / math.sqrt(HIDDEN))
         if self.o_proj is not None:
@@ -45,22 +54,27 @@ class MuseAttentionDecode(nn.Module):
         c = self.config
         return ops.attn2_workspace(device or "cpu", c.max_batch, c.kv_heads, c.q_len, c.window, c.max_seq_len)
 
-    def prepare(self) -> str:
+    def prepare(self) -> dict:
         """Build-time setup on the module's device: size the workspace for the backend that will
-        run there and compile its kernels, so the first step pays nothing. Returns that backend."""
+        run there and compile (or load) every kernel variant the layer may launch, so the first
+        step pays nothing. Returns muse_ops.prepare's report (backends, variants, seconds)."""
         device = self.qkv_weight.device
         self.workspace = self._new_workspace(device)
-        c = self.config
-        return ops.prepare(c.kv_heads, c.q_len, c.window, c.max_seq_len, device)
+        return ops.prepare(self.config, device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv_cache: torch.Tensor,
                 page_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """x [R*q_len, 8192] (or [R, q_len, 8192]) -> [R*q_len, 512*Hkv] (or [.., 8192] with o_proj).
-        Writes the block's keys and values into kv_cache at slots."""
+        Writes the block's keys and values into kv_cache at slots; every input of the step is
+        checked first (contents too where the backend checks them), so a rejected step writes nothing."""
         c = self.config
         x2 = x.reshape(-1, HIDDEN)
-        y = ops.qkv_front(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, backend=self.backend)
         workspace = self.workspace if self.workspace.device == x.device else None
+        if not torch.compiler.is_compiling():   # traced, the ops' fakes check the metadata
+            ops.check_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table, seq_lens,
+                           workspace, q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len,
+                           backend=self.backend)
+        y = ops.qkv_front(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, backend=self.backend)
         out = ops.attn2(y, kv_cache, page_table, seq_lens, q_len=c.q_len, window=c.window, scale=c.scale,
                         max_seq_len=c.max_seq_len, workspace=workspace, backend=self.backend)
         if self.o_proj is not None:

@@ -1,16 +1,26 @@
 """The two ops of the package, `muse::qkv_front` and `muse::attn2`: schemas, checks, dispatch.
 
-This is the only file that spells "muse::". Each op is one `torch.library.custom_op` whose
-Python signature is its schema; its fake lives in `meta/`, its reference in `reference/`, its
-kernel in `cutedsl/`. The body validates metadata (every call, no sync), picks the backend
-(`backends.py`), validates contents where that is allowed (reference: every eager call; GPU:
-MUSE_OPS_CHECK=1), then runs the backend. Nothing is written before the checks pass.
+This is the only file that spells "muse::". Each public op is defined by its schema string
+(SCHEMAS) and implemented as a composite of one internal op (`muse::_qkv_front`,
+`muse::_attn2`, registered with torch.library.custom_op, whose fakes live in `meta/`):
 
-qkv_front returns a fresh y and mutates kv_cache in place (declared, so torch.compile keeps the
-write in place); attn2 returns a fresh out and mutates only its optional workspace (the split
-kernel's partials and self-resetting arrival counters). The workspace has no default in the
-schema: torch 2.11 drops a defaulted argument before it bumps the versions of mutated ones and
-fails. The public wrappers at the bottom take DESIGN.md's argument order (workspace a keyword).
+- The composite says no to autograd: the ops are inference-only, so a call that autograd would
+  record (grad mode on and an input that requires grad) raises MuseInputError saying so, before
+  anything runs. Under torch.no_grad / inference_mode, or with inputs that do not require grad
+  (MuseAttentionDecode's parameters do not), nothing is recorded.
+- attn2's workspace is optional in the public schema. A None workspace becomes a fresh zeroed one
+  in the composite, before the internal op (whose workspace is required) sees it: torch.compile's
+  re-inplacing of a mutated *optional* argument fails when it is None (torch 2.13, Inductor:
+  "getitem is not an OpOverload"), and torch 2.11's custom_op could not default a mutated
+  argument at all. A deployment passes its persistent workspace (muse_ops.attn2_workspace).
+
+The internal ops validate metadata (every call, no sync), pick the backend (`backends.py`),
+validate contents where that is allowed (reference: every eager call; GPU: MUSE_OPS_CHECK=1),
+then run the backend. Nothing is written before the checks pass. qkv_front returns a fresh y and
+mutates kv_cache in place; attn2 returns a fresh out and mutates only its workspace (the split
+kernel's partials and self-resetting arrival counters); both are declared, so torch.compile keeps
+the writes in place. The public functions at the bottom take docs/DESIGN.md's argument order and
+skip the dispatcher in plain eager calls.
 """
 from __future__ import annotations
 
@@ -20,74 +30,120 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
 from . import backends
-from .config import GROUP, HEAD_DIM
-from .errors import error_flag
+from .config import GROUP, HEAD_DIM, DeploymentConfig
+from .errors import MuseInputError, error_flag
 from .meta import attn2_fake, qkv_front_fake
 from .reference import attn2_ref, qkv_front_ref
 from .validation import (check_attn2_contents, check_attn2_metadata, check_qkv_front_contents,
-                         check_qkv_front_metadata)
+                         check_qkv_front_metadata, check_step_metadata)
+
+SCHEMAS = {
+    "qkv_front": "qkv_front(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
+                 "Tensor(a!) kv_cache, *, str? backend=None) -> Tensor",
+    "attn2": "attn2(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor(a!)? workspace=None, *, "
+             "int q_len, int window, float scale, int max_seq_len, str? backend=None) -> Tensor",
+}
 
 
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _may_check_contents(backend: str, device: torch.device) -> bool:
-    if _capturing(device):  # a host read would break the capture
+def contents_checked(backend: str, device: torch.device) -> bool:
+    """Whether a call on `backend` checks the contents of its inputs (a host sync): the reference
+    backend always, the GPU backend with MUSE_OPS_CHECK=1; never while tracing or capturing."""
+    if _capturing(device) or torch.compiler.is_compiling():
         return False
     return backend == "reference" or backends.checked_mode()
 
 
+def check_inference_only(op: str, **tensors) -> None:
+    """The ops have no backward: refuse a call that autograd would record."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise MuseInputError(
+                f"muse::{op}: the muse ops are inference-only (no backward), but {name} requires grad "
+                "with grad mode on; call them under torch.no_grad() or torch.inference_mode(), or with "
+                f"inputs that do not require grad (e.g. {name}.detach())")
+
+
+# ----------------------------------------------------------------------------- qkv_front
 def _qkv_front_impl(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               cos_sin: Optional[torch.Tensor], kv_cache: torch.Tensor, *,
-               backend: Optional[str] = None) -> torch.Tensor:
+                    cos_sin: Optional[torch.Tensor], kv_cache: torch.Tensor, *,
+                    backend: Optional[str] = None) -> torch.Tensor:
     check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache)
-    name = backends.resolve("qkv_front", x.device, backend)
-    if _may_check_contents(name, x.device):
+    name = backends.resolve("qkv_front", x.device, backend, kv_heads=kv_cache.shape[1], rope=cos_sin is not None)
+    if contents_checked(name, x.device):
         check_qkv_front_contents(positions, slots, cos_sin, kv_cache)
     if x.shape[0] == 0:
         return x.new_empty((0, weight.shape[0]))
-    return qkv_front_ref(x, weight, positions, slots, cos_sin, kv_cache)
+    if name == "reference":
+        return qkv_front_ref(x, weight, positions, slots, cos_sin, kv_cache)
+    from .cutedsl import qkv_front as kernel
+    y = x.new_empty((x.shape[0], weight.shape[0]))
+    kernel.launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag(x.device))
+    return y
 
 
-_qkv_front = torch.library.custom_op("muse::qkv_front", _qkv_front_impl, mutates_args=("kv_cache",))
-_qkv_front.register_fake(qkv_front_fake)
+_qkv_front_op = torch.library.custom_op("muse::_qkv_front", _qkv_front_impl, mutates_args=("kv_cache",))
+_qkv_front_op.register_fake(qkv_front_fake)
 
 
+def _qkv_front_composite(x, weight, positions, slots, cos_sin, kv_cache, *, backend=None):
+    check_inference_only("qkv_front", x=x, weight=weight, cos_sin=cos_sin)
+    return torch.ops.muse._qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
+
+
+# ----------------------------------------------------------------------------- attn2
 def _attn2_variant(kv_cache: torch.Tensor, q_len: int, window: int, max_seq_len: int) -> dict:
     return {"kv_heads": kv_cache.shape[1], "q_len": q_len, "window": window, "max_seq_len": max_seq_len}
 
 
 def _attn2_impl(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
-           workspace: Optional[torch.Tensor], *, q_len: int, window: int, scale: float,
-           max_seq_len: int, backend: Optional[str] = None) -> torch.Tensor:
+                workspace: torch.Tensor, *, q_len: int, window: int, scale: float,
+                max_seq_len: int, backend: Optional[str] = None) -> torch.Tensor:
     variant = _attn2_variant(kv_cache, q_len, window, max_seq_len)
     name = backends.resolve("attn2", y.device, backend, **variant)
     r = seq_lens.shape[0]
     need = 0
     if name == "cutedsl":
-        from .cutedsl import attn2 as kernel
-        need = kernel.workspace_bytes(r, **variant) if workspace is not None else 0
+        from .cutedsl import attn2_plan
+        need = attn2_plan.workspace_bytes(r, **variant)
     check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                          workspace_bytes=need)
-    if _may_check_contents(name, y.device):
+    if contents_checked(name, y.device):
         check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len)
     if name == "reference":
         return attn2_ref(y, kv_cache, page_table, seq_lens, q_len=q_len, window=window, scale=scale)
-
     out = y.new_empty((y.shape[0], GROUP * kv_cache.shape[1] * HEAD_DIM))
     if r == 0:
         return out
-    if workspace is None:
-        # Correct but costs a memset per call; a deployment passes its persistent workspace.
-        workspace = torch.zeros(max(kernel.workspace_bytes(r, **variant), 16), dtype=torch.uint8, device=y.device)
+    from .cutedsl import attn2 as kernel
     kernel.launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag(y.device),
                         q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len)
     return out
 
 
-_attn2 = torch.library.custom_op("muse::attn2", _attn2_impl, mutates_args=("workspace",))
-_attn2.register_fake(attn2_fake)
+_attn2_op = torch.library.custom_op("muse::_attn2", _attn2_impl, mutates_args=("workspace",))
+_attn2_op.register_fake(attn2_fake)
+
+
+def _attn2_composite(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len, window, scale, max_seq_len,
+                     backend=None):
+    check_inference_only("attn2", y=y)
+    if workspace is None:
+        # correct but costs an allocation and a memset per call: a deployment passes its own
+        workspace = attn2_workspace(y.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)
+    return torch.ops.muse._attn2(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window,
+                                 scale=scale, max_seq_len=max_seq_len, backend=backend)
+
+
+_LIB = torch.library.Library("muse", "FRAGMENT")
+for _name, _composite in (("qkv_front", _qkv_front_composite), ("attn2", _attn2_composite)):
+    _LIB.define(SCHEMAS[_name])
+    _LIB.impl(_name, _composite, "CompositeImplicitAutograd")
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -99,8 +155,8 @@ def _plain_eager(*tensors) -> bool:
     without CUDA graphs pay it on every step. So plain eager calls skip it, as quack's
     _EagerBypassOp does; anything that traces, records or differentiates goes through the
     registered op: torch.compile, an active dispatch or function mode (fake tensors, export,
-    functionalization), tensor subclasses, and inputs that require grad (the ops have no
-    backward, and the registered op says so)."""
+    functionalization), tensor subclasses, and inputs that require grad (the registered op
+    refuses them, saying the ops are inference-only)."""
     if torch.compiler.is_compiling() or _dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled():
         return False
     grad = torch.is_grad_enabled()
@@ -111,8 +167,8 @@ def _plain_eager(*tensors) -> bool:
 
 
 def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, backend: str | None = None) -> torch.Tensor:
-    """y [M, 1152*Hkv] = q' | k' | v | gate of x [M, 8192] (DESIGN.md section 3); writes the new
-    keys and values into kv_cache [pages, Hkv, 16, 128] at slots (slot < 0: no insert)."""
+    """y [M, 1152*Hkv] = q' | k' | v | gate of x [M, 8192] (docs/DESIGN.md, qkv_front); writes the
+    new keys and values into kv_cache [pages, Hkv, 16, 128] at slots (slot < 0: no insert)."""
     if _plain_eager(x, weight, positions, slots, cos_sin, kv_cache):
         return _qkv_front_impl(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
     return torch.ops.muse.qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
@@ -121,8 +177,10 @@ def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, backend: str | 
 def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: float, max_seq_len: int,
           workspace: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
     """out [q_len*R, 512*Hkv] = sigmoid(gate) * rmsnorm(paged causal attention of y's q rows)
-    (DESIGN.md section 4); y is qkv_front's output for the block."""
+    (docs/DESIGN.md, attn2); y is qkv_front's output for the block."""
     if _plain_eager(y, kv_cache, page_table, seq_lens, workspace):
+        if workspace is None:
+            workspace = attn2_workspace(y.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)
         return _attn2_impl(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window,
                            scale=scale, max_seq_len=max_seq_len, backend=backend)
     return torch.ops.muse.attn2(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window,
@@ -131,29 +189,59 @@ def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: 
 
 def attn2_workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int,
                           device) -> int:
-    """Bytes of workspace attn2 needs on `device` for this deployment (0 where the reference runs)."""
-    variant = {"kv_heads": kv_heads, "q_len": q_len, "window": window, "max_seq_len": max_seq_len}
+    """Bytes of workspace attn2 needs on `device` for this deployment (0 where the reference runs).
+    num_requests may be symbolic (a traced call with dynamic shapes); the deployment is not."""
+    variant = {"kv_heads": int(kv_heads), "q_len": int(q_len), "window": int(window), "max_seq_len": int(max_seq_len)}
     ok, _ = backends.cutedsl_support("attn2", torch.device(device), **variant)
     if not ok:
         return 0
-    from .cutedsl import attn2 as kernel
-    return kernel.workspace_bytes(num_requests, **variant)
+    from .cutedsl import attn2_plan
+    return attn2_plan.workspace_bytes(num_requests, **variant)
 
 
 def attn2_workspace(device, num_requests: int, kv_heads: int, q_len: int, window: int,
                     max_seq_len: int) -> torch.Tensor:
     """A zero-initialised workspace for every attn2 call of a deployment with up to num_requests
     requests per step. Allocate it once and pass it each step (CUDA graphs need it persistent:
-    the kernel's arrival counters reset themselves to zero after each launch)."""
+    the kernel's arrival counters reset themselves to zero after each launch). It is an ordinary
+    tensor even when allocated under torch.inference_mode(), so it serves calls in any mode."""
     size = attn2_workspace_bytes(num_requests, kv_heads, q_len, window, max_seq_len, device)
-    return torch.zeros(max(size, 16), dtype=torch.uint8, device=device)
+    with torch.inference_mode(False):
+        return torch.zeros(torch.sym_max(size, 16), dtype=torch.uint8, device=device)
 
 
-def prepare(kv_heads: int, q_len: int, window: int, max_seq_len: int, device) -> str:
-    """Compile what a deployment launches before its first step; returns the attn2 backend."""
-    variant = {"kv_heads": kv_heads, "q_len": q_len, "window": window, "max_seq_len": max_seq_len}
-    name = backends.resolve("attn2", torch.device(device), None, **variant)
-    if name == "cutedsl":
-        from .cutedsl import attn2 as kernel
-        kernel.prepare(**variant)
-    return name
+def check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
+               window: int, scale: float, max_seq_len: int, backend: str | None = None) -> None:
+    """Every check of a layer step (qkv_front then attn2) before its first write: metadata always,
+    contents where the backends that will run check them. The step's y is qkv_front's output, so
+    attn2's checks on it follow from x and weight."""
+    check_step_metadata(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace,
+                        q_len, window, scale, max_seq_len)
+    dev = x.device
+    front = backends.resolve("qkv_front", dev, backend, kv_heads=kv_cache.shape[1], rope=cos_sin is not None,
+                             record=False)
+    attn = backends.resolve("attn2", dev, backend, record=False,
+                            **_attn2_variant(kv_cache, q_len, window, max_seq_len))
+    if contents_checked(front, dev):
+        check_qkv_front_contents(positions, slots, cos_sin, kv_cache)
+    if contents_checked(attn, dev):
+        check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len)
+
+
+def prepare(config: DeploymentConfig, device) -> dict:
+    """Compile, or load from the disk cache, every kernel variant a deployment may launch (every
+    M of qkv_front, every batch of attn2), before its first step. Returns {"backends": {op: name},
+    "variants": [{"op", "variant", "how", "seconds"}, ...]}: how is "compiled", "loaded" (disk)
+    or "memory"; the reference backend has nothing to prepare."""
+    device = torch.device(device)
+    variants = {"qkv_front": {"kv_heads": config.kv_heads, "rope": config.rope},
+                "attn2": {"kv_heads": config.kv_heads, "q_len": config.q_len, "window": config.window,
+                          "max_seq_len": config.max_seq_len}}
+    report = {"backends": {}, "variants": []}
+    for op, variant in variants.items():
+        name = backends.resolve(op, device, None, record=False, **variant)
+        report["backends"][op] = name
+        if name == "cutedsl":
+            from .cutedsl import registry
+            report["variants"] += registry.prepare(op, **variant)
+    return report

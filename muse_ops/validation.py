@@ -94,10 +94,11 @@ def check_qkv_front_contents(positions, slots, cos_sin, kv_cache) -> None:
                   f"{int(positions[bad][0])} at index {int(bad.nonzero()[0, 0])}")
 
 
-def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
-                         workspace_bytes: int = 0) -> None:
+def _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
+                           workspace_bytes: int = 0) -> int:
+    """Everything of attn2's metadata but y; returns R."""
     op = "attn2"
-    kv_heads = check_kv_cache(op, kv_cache)
+    check_kv_cache(op, kv_cache)
     dev = kv_cache.device
     if q_len not in SUPPORTED_Q_LENS:
         _fail(op, "q_len", f"one of {SUPPORTED_Q_LENS}", q_len)
@@ -114,16 +115,36 @@ def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, wi
         _fail(op, "page_table", f"int32 [R, max_pages] with R = {r} (length of seq_lens)", _describe(page_table))
     if r and page_table.shape[1] < 1:
         _fail(op, "page_table", "at least one page wide", _describe(page_table))
-    n = proj_cols(kv_heads)
-    _check_tensor(op, "y", y, (torch.bfloat16,), 2, dev)
-    if tuple(y.shape) != (q_len * r, n):
-        _fail(op, "y", f"bf16 [q_len * R, {n}] = [{q_len * r}, {n}] (Hkv = {kv_heads} from kv_cache)", _describe(y))
     if workspace is not None:
         _check_tensor(op, "workspace", workspace, (torch.uint8,), 1, dev)
     if workspace_bytes and (workspace is None or workspace.numel() < workspace_bytes):
         got = "None" if workspace is None else f"{workspace.numel()} bytes"
         _fail(op, "workspace", f"a zero-initialised uint8 tensor of >= {workspace_bytes} bytes "
               "(muse_ops.attn2_workspace builds one)", got)
+    return r
+
+
+def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
+                         workspace_bytes: int = 0) -> None:
+    op = "attn2"
+    r = _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
+                               workspace_bytes)
+    kv_heads = kv_cache.shape[1]
+    n = proj_cols(kv_heads)
+    _check_tensor(op, "y", y, (torch.bfloat16,), 2, kv_cache.device)
+    if tuple(y.shape) != (q_len * r, n):
+        _fail(op, "y", f"bf16 [q_len * R, {n}] = [{q_len * r}, {n}] (Hkv = {kv_heads} from kv_cache)", _describe(y))
+
+
+def check_step_metadata(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len,
+                        window, scale, max_seq_len) -> None:
+    """A layer step's metadata (qkv_front, then attn2 on its y): y is [M, N] by construction, so
+    what attn2 asks of y is asked of x: M = q_len * R."""
+    check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache)
+    r = _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
+    if x.shape[0] != q_len * r:
+        _fail("attn2", "x", f"[q_len * R, {HIDDEN}] = [{q_len * r}, {HIDDEN}] rows (R = {r} from seq_lens)",
+              _describe(x))
 
 
 def check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len) -> None:

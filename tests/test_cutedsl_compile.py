@@ -1,21 +1,54 @@
-"""CPU: every attn2 CuTe DSL variant compiles for sm_90a against fake tensors (skips without cutlass)."""
+"""CPU: every CuTe DSL kernel variant of the registry compiles for sm_90a against fake tensors
+(skips without cutlass), without any process-wide setting (no CUTE_DSL_ARCH), and the disk
+cache serves a second process."""
 import os
+import subprocess
+import sys
 
 import pytest
+import torch
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-pytest.importorskip("cutlass")
-pytest.importorskip("tvm_ffi")
+from muse_ops.cutedsl import registry, runtime
+
+pytestmark = pytest.mark.skipif(runtime.import_error() is not None, reason=str(runtime.import_error()))
 
 
-def test_compile_all_attn2_variants():
-    from muse_ops.cutedsl import attn2 as A
-    cfgs = A.compile_all_variants_for_ci(max_seq_lens=(2048, 262144))
-    assert {(c.q_len, c.window > 0) for c in cfgs} == {(1, False), (1, True), (8, False), (8, True)}
+@pytest.mark.parametrize("op", sorted(registry.FAMILIES))
+def test_compile_every_variant(op, tmp_path, monkeypatch):
+    monkeypatch.setenv("MUSE_OPS_CACHE_DIR", "off")
+    kernel = registry.family(op).kernel_module()
+    cfgs = registry.ci_variants(op)
+    assert cfgs
+    for cfg in cfgs:
+        assert kernel.compile_variant(cfg) is not None, cfg
+
+
+def test_import_changes_no_process_setting():
+    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
+    code = ("import os, muse_ops, muse_ops.cutedsl.attn2, muse_ops.cutedsl.qkv_front; "
+            "print('CUTE_DSL_ARCH' in os.environ)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_disk_cache_serves_a_second_process(tmp_path):
+    """A variant compiled by one process is loaded (not compiled) by the next, under a second."""
+    env = dict(os.environ, MUSE_OPS_CACHE_DIR=str(tmp_path))
+    code = ("import time; from muse_ops.cutedsl import qkv_front as Q, qkv_front_plan as P, compile_cache as C; "
+            "cfg = P.QkvFrontConfig.create(16, 1, True); t = time.perf_counter(); Q.compile_variant(cfg); "
+            "print(C.stats['compiled'], C.stats['loaded'], round(time.perf_counter() - t, 3))")
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    c1, l1, _ = first.stdout.split()
+    c2, l2, seconds = second.stdout.split()
+    assert (c1, l1) == ("1", "0") and (c2, l2) == ("0", "1"), (first.stdout, second.stdout)
+    assert float(seconds) < 1.0, f"loading from disk took {seconds} s"
 
 
 def test_can_implement_never_raises_on_cpu():
-    import torch
-    from muse_ops.cutedsl import attn2 as A
-    ok, why = A.can_implement(torch.device("cpu"), 2, 8, 0, 32768)
-    assert not ok and why
+    for op, variant in (("attn2", dict(kv_heads=2, q_len=8, window=0, max_seq_len=32768)),
+                        ("qkv_front", dict(kv_heads=2, rope=True))):
+        ok, why = registry.support(op, torch.device("cpu"), **variant)
+        assert not ok and why

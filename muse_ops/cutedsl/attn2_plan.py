@@ -1,0 +1,230 @@
+"""The host side of attn2's CuTe DSL kernel (muse_ops/cutedsl/attn2.py), with no cutlass import:
+the reduction tree of a request (split_plan), the compile-time parameters of a variant
+(Attn2Config), the workspace layout, which layout a launch takes, and whether a deployment can
+run. The ops, the backends and the tests read these on machines without the DSL too.
+
+The tree and its invariants are described in the kernel module's docstring; docs/DESIGN.md
+section 7 is the contract they implement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from ..config import GROUP, HEAD_DIM, PAGE_SIZE, SUPPORTED_Q_LENS
+from . import runtime
+
+THREADS = 128     # one warpgroup
+M_TILE = 64       # wgmma M: the q_len * 8 query rows of a KV head, zero-padded
+MAX_SEQ_LEN = 2**21   # a CTA stages its page-table slice in shared memory (32 KB at 2^21)
+
+# The reduction tree. Its shape depends on a request's own L only; which CTAs compute which part
+# of it (the wide or the deep layout) depends on the batch, and the bits do not.
+SUB_CHUNKS = 8         # chunks per sub = CTAs of a wide cluster (1 for window deployments)
+NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); measured against 16
+                       # and 4 (us): B=16 L=65536 136 / 149 / 160, mixed B=64 158 / 164 / 166,
+                       # B=1 L=131072 27.4 / 29.6 / 35.8, B=128 L=16384 309 / 310 / 284
+NODE_MIN_STEPS = 32    # ring steps per node before a second node is opened
+WIDE_MAX_PAIRS = 16    # the wide layout runs up to this many (request, KV head) pairs per launch
+
+
+def sub_chunks(window: int) -> int:
+    """Chunks per sub of a deployment. A window bounds every request to ~33 steps, where batches
+    are what matters: such deployments keep one chunk per sub and always run the deep layout (no
+    chunk folds in the loop; measured 27.9 / 48.4 us at B=64 / 128 W=2048 with 8 chunks per sub)."""
+    return 1 if window > 0 else SUB_CHUNKS
+
+
+def split_plan(n_steps: int, chunks_per_sub: int = SUB_CHUNKS) -> tuple[int, int, int, int]:
+    """(most steps of a chunk, chunks, subs, nodes) of a request with n_steps ring steps, exactly
+    as the kernel derives them from L: about n_steps // 32 nodes (1 to NODES_MAX) of 16 chunks,
+    chunk j covering steps [j * n_steps // chunks, (j + 1) * n_steps // chunks), so the subs of a
+    request (the work of a deep CTA) differ by at most one step."""
+    nodes = max(1, min(NODES_MAX, n_steps // NODE_MIN_STEPS))
+    n_chunks = min(2 * chunks_per_sub * nodes, n_steps)
+    n_subs = -(-n_chunks // chunks_per_sub)
+    return -(-n_steps // n_chunks), n_chunks, n_subs, -(-n_subs // 2)
+
+
+LAYOUTS = ("wide", "deep")
+
+
+@dataclass(frozen=True)
+class Attn2Config:
+    """Compile-time parameters of one variant (everything else is run time)."""
+    q_len: int
+    window: int
+    max_seq_len: int
+    layout: str       # which CTAs compute which part of the tree: "wide" or "deep" (LAYOUTS)
+    nodes_max: int    # most nodes of a request under this deployment (<= NODES_MAX)
+    chunk_max: int    # most steps per chunk under this deployment
+    stages: int       # TMA ring depth
+    sp: int = 4       # pages per ring step (keys per step = 16 * sp, the N of S = Q K^T)
+    min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
+    pdl: bool = True  # programmatic dependent launch (griddepcontrol.wait before any global access)
+
+    @property
+    def mr(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
+        return self.q_len * GROUP
+
+    @property
+    def nk(self):      # keys per step
+        return self.sp * PAGE_SIZE
+
+    @property
+    def sub_chunks(self):
+        return sub_chunks(self.window)
+
+    @property
+    def wide(self):
+        return self.layout == "wide"
+
+    @property
+    def cs(self):      # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep)
+        return self.sub_chunks if self.wide else 2
+
+    @property
+    def cpc(self):     # chunks per CTA: 1 (wide) or a sub (deep)
+        return 1 if self.wide else self.sub_chunks
+
+    @property
+    def cl_max(self):  # clusters per (request, KV head) in the grid: subs (wide) or nodes
+        return 2 * self.nodes_max if self.wide else self.nodes_max
+
+    @property
+    def slots(self):   # workspace partials per (request, KV head): subs (wide) or nodes
+        return 2 * self.nodes_max
+
+    @property
+    def pt_max(self):  # page-table entries of one CTA kept in smem
+        return self.cpc * self.chunk_max * self.sp
+
+    @property
+    def rows_per_rank(self):   # query rows each CTA of a cluster merges and writes
+        return max(1, self.mr // self.cs)
+
+    @functools.cached_property
+    def compile_key(self):     # max_seq_len is a run-time argument of the kernel
+        return dataclasses.replace(self, max_seq_len=0)
+
+    @staticmethod
+    def create(q_len: int, window: int, max_seq_len: int, layout: str = "deep",
+               stages: int | None = None, min_blocks: int | None = None,
+               pdl: bool = True) -> "Attn2Config":
+        # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
+        # accumulator). Measured on the H200
+        # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
+        # once): B=1 L=8192 9.3 vs 9.5, but B=8 L=2048 17.1 vs 13.2 (3 CTAs per SM instead of 5);
+        # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
+        assert layout in LAYOUTS, layout
+        sp = 4
+        if window > 0:
+            vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
+        else:
+            vis_pages = (max_seq_len + PAGE_SIZE - 1) // PAGE_SIZE
+        steps = (vis_pages + sp - 1) // sp
+        if window > 0 and layout == "wide":
+            layout = "deep"       # sub_chunks(): a window deployment has no wide layout
+        # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
+        plans = [split_plan(n, sub_chunks(window)) for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
+        chunk_max = max(p[0] for p in plans)
+        nodes_max = max(p[3] for p in plans)
+        if stages is None:
+            stages = 2
+        if min_blocks is None:
+            # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91, window
+            # deployments); wide: no bound (94 registers)
+            min_blocks = (5 if sub_chunks(window) == 1 else 4) if layout == "deep" else 0
+        cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, sp,
+                          min_blocks, pdl)
+        # the merge buffer (MR x 64 fp32) reuses the K and V rings
+        assert 2 * cfg.stages * cfg.nk * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
+        return cfg
+
+
+def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tuple[int, int, int]:
+    """(byte offset of the partials' (m, l), counters, total bytes) of the workspace: fp32 partials
+    O [R*Hkv*slots, mr, 64], fp32 (m, l) [R*Hkv*slots, mr, 2]; the uint32 arrival counters, one
+    per (request, KV head, cluster rank < SUB_CHUNKS), count back from the end of the buffer."""
+    nslot = num_requests * kv_heads * cfg.slots
+    off = 4 * nslot * cfg.mr * HEAD_DIM
+    n_cnt = num_requests * kv_heads * SUB_CHUNKS
+    return off, n_cnt, (off + 4 * nslot * cfg.mr * 2 + 4 * n_cnt + 15) // 16 * 16
+
+
+
+def choose_layout(num_requests: int, kv_heads: int, window: int = 0) -> str:
+    """The layout a launch uses, a host decision on shapes and the deployment only (the bits do
+    not depend on it): wide for few (request, KV head) pairs, where a CTA per chunk fills the GPU;
+    deep otherwise, and always with a window. (A third layout, one CTA per node for window
+    deployments, measured no faster than deep: B=128 W=2048 43.9 against 43.0 us, B=64 W=2048
+    34.0 against 25.3.)"""
+    return "wide" if window == 0 and num_requests * kv_heads <= WIDE_MAX_PAIRS else "deep"
+
+
+def deployment_layouts(window: int) -> tuple[str, ...]:
+    """Every layout a deployment may launch (what prepare compiles)."""
+    return ("deep", "wide") if window == 0 else ("deep",)
+
+
+def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", **over) -> "Attn2Config":
+    if over:
+        return Attn2Config.create(q_len, window, max_seq_len, layout, **over)
+    return _default_config(q_len, window, max_seq_len, layout)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_config(q_len: int, window: int, max_seq_len: int, layout: str) -> "Attn2Config":
+    """A deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
+    return Attn2Config.create(q_len, window, max_seq_len, layout)
+
+
+def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> tuple[bool, str]:
+    """Whether a deployment's attn2 runs on the kernel on `device`, and why not."""
+    ok, why = runtime.device_support(device)
+    if not ok:
+        return ok, why
+    if q_len not in SUPPORTED_Q_LENS:
+        return False, f"q_len must be one of {SUPPORTED_Q_LENS}, got {q_len}"
+    if kv_heads < 1 or window < 0 or max_seq_len < q_len:
+        return False, f"bad deployment kv_heads={kv_heads} window={window} max_seq_len={max_seq_len}"
+    # a deep CTA stages its page-table slice in smem: 4 KB at 2^18 tokens, 32 KB at 2^21 (with
+    # NODES_MAX 8 the chunks grow with L); above 2^19 that costs the deep layout a CTA per SM
+    if max_seq_len > MAX_SEQ_LEN:
+        return False, ("max_seq_len above 2^21 tokens: a CTA stages its page-table slice in shared "
+                       "memory (32 KB at 2^21)")
+    return True, "ok"
+
+
+def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
+    """Bytes for calls of up to num_requests requests (every layout uses the same slots; the
+    counters sit at the end, so any smaller batch finds its counters where they were)."""
+    return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
+
+
+def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int,
+                  override: dict | None = None) -> "Attn2Config":
+    """The variant a launch of this shape runs; override (dev tools) forces a layout or a tuning knob."""
+    over = dict(override or {})
+    layout = over.pop("layout", choose_layout(num_requests, kv_heads, window))
+    return _config(q_len, window, max_seq_len, layout, **over)
+
+
+def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> list["Attn2Config"]:
+    """Every variant a deployment may launch, whatever its batch (what prepare compiles);
+    kv_heads is a run-time dimension of the kernel."""
+    return [_config(q_len, window, max_seq_len, layout) for layout in deployment_layouts(window)]
+
+
+def ci_variants(max_seq_lens=(2048, 32768, 262144)) -> list["Attn2Config"]:
+    """The variants CI compiles on the CPU: both q_lens, with and without a window, short to long
+    deployments, every layout."""
+    return [cfg for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for msl in max_seq_lens
+            for cfg in deployment_variants(2, q_len, window, msl)]
+
+
+def wave_ctas(device) -> int:
+    """Working wide CTAs a launch may have and still trigger its dependent launch early: one per
+    SM (2 per SM, e.g. B=8 L=2048, measured faster in one process and slower in another)."""
+    return runtime.sm_count(device)

@@ -1,0 +1,102 @@
+"""Device helpers shared by the package's CuTe DSL kernels: explicit PTX where the bits must not
+depend on how the compiler schedules a site, warp reductions, distributed-shared-memory loads,
+one wgmma group, and the device error flag.
+
+Why explicit PTX for plain arithmetic: a reduction that several kernels, layouts or thread
+mappings must reproduce bit for bit (attn2's folds, qkv_front's split-K sum and norms) has to run
+the same instructions at every site. Written as inline PTX, an fma stays one fused fma.rn and a
+mul + add pair is never contracted into an fma at one site and left apart at another.
+
+Imported only where cutlass is importable (muse_ops.cutedsl.runtime.import_error() is None).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32
+
+
+@cute.jit
+def pack_bf16x2(lo: Float32, hi: Float32) -> Uint32:
+    """bf16(lo) in the low half, bf16(hi) in the high half, round to nearest even (no satfinite)."""
+    # cvt.rn.bf16x2.f32 d, a, b puts bf16(a) in the HIGH half
+    return cute.arch.inline_ptx("cvt.rn.bf16x2.f32 {$w0}, {$r0}, {$r1};",
+                                write_only_types=[Uint32], read_only_args=[hi, lo])
+
+
+@cute.jit
+def quad_max(v: Float32) -> Float32:
+    """Max over the 4 lanes of a quad (the lanes sharing a row of an MMA C fragment)."""
+    v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1))
+    return cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=2))
+
+
+@cute.jit
+def quad_sum(v: Float32) -> Float32:
+    """Sum over the 4 lanes of a quad, in a fixed butterfly order."""
+    v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
+    return v + cute.arch.shuffle_sync_bfly(v, offset=2)
+
+
+@cute.jit
+def fma_rn(a: Float32, b: Float32, c: Float32) -> Float32:
+    """a * b + c, one rounding."""
+    return cute.arch.inline_ptx("fma.rn.f32 {$w0}, {$r0}, {$r1}, {$r2};",
+                                write_only_types=[Float32], read_only_args=[a, b, c])
+
+
+@cute.jit
+def mul_rn(a: Float32, b: Float32) -> Float32:
+    return cute.arch.inline_ptx("mul.rn.f32 {$w0}, {$r0}, {$r1};",
+                                write_only_types=[Float32], read_only_args=[a, b])
+
+
+@cute.jit
+def add_rn(a: Float32, b: Float32) -> Float32:
+    return cute.arch.inline_ptx("add.rn.f32 {$w0}, {$r0}, {$r1};",
+                                write_only_types=[Float32], read_only_args=[a, b])
+
+
+@cute.jit
+def sub_rn(a: Float32, b: Float32) -> Float32:
+    return cute.arch.inline_ptx("sub.rn.f32 {$w0}, {$r0}, {$r1};",
+                                write_only_types=[Float32], read_only_args=[a, b])
+
+
+@cute.jit
+def select(t: Int32, a: Float32, b: Float32) -> Float32:
+    """a if t != 0 else b, without a branch (so the folds of a DSMEM merge schedule together)."""
+    return cute.arch.inline_ptx("{ .reg .pred p; setp.ne.s32 p, {$r2}, 0; selp.f32 {$w0}, {$r0}, {$r1}, p; }",
+                                write_only_types=[Float32], read_only_args=[a, b, t])
+
+
+@cute.jit
+def ld_dsmem_f32x2(addr: Int32):
+    """Two fp32 at a shared::cluster address (mapa result) of a peer CTA."""
+    return cute.arch.inline_ptx("ld.shared::cluster.v2.f32 {{$w0}, {$w1}}, [{$r0}];",
+                                write_only_types=[Float32, Float32], read_only_args=[addr])
+
+
+@cute.jit
+def ld_dsmem_f32x4(addr: Int32):
+    """Four fp32 at a 16-byte aligned shared::cluster address of a peer CTA."""
+    return cute.arch.inline_ptx("ld.shared::cluster.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+                                write_only_types=[Float32] * 4, read_only_args=[addr])
+
+
+@cute.jit
+def wgmma_group(mma_atom, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, zero_init: cutlass.Constexpr[bool]):
+    """acc (+)= A B over the k blocks of tA / tB, one wgmma group, waited for."""
+    cute.nvgpu.warpgroup.fence()
+    mma_atom.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, not zero_init)
+    for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+        cute.gemm(mma_atom, acc, tA[None, None, kb], tB[None, None, kb], acc)
+        mma_atom.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    cute.nvgpu.warpgroup.commit_group()
+    cute.nvgpu.warpgroup.wait_group(0)
+
+
+@cute.jit
+def set_error_bit(mErr: cute.Tensor, bit: cutlass.Constexpr[int]):
+    """OR one of muse_ops.errors' bits into the device error flag (int32 [1])."""
+    cute.arch.atomic_or(mErr.iterator, Int32(bit), sem="relaxed", scope="gpu")

@@ -1,0 +1,420 @@
+"""muse::qkv_front on Hopper (sm_90a): the fused QKV + output-gate projection, the per-head RMS
+norm of q and k, interleaved RoPE, the y store and the paged K/V insert, in one CuTe DSL launch.
+
+Math (docs/DESIGN.md, qkv_front; numerics of muse_ops/reference/qkv_front.py):
+    p = bf16(x @ W^T)                    fp32 accumulation, K = 8192
+    q', k' per 64-column head: n = bf16(p_h * rsqrt(mean(p_h^2) + 1e-5)); with RoPE on pairs
+           (2i, 2i+1): bf16(n_2i c_i - n_2i+1 s_i), bf16(n_2i+1 c_i + n_2i s_i)
+    y = q' | k' | v | gate; kv_cache[slot // 16, h, slot % 16] = k'_h | v_h for slot >= 0
+
+Tensors (contiguous, 16-byte aligned):
+    x         bf16  [M, 8192]
+    weight    bf16  [N, 8192]              N = 1152 Hkv: 8 Hkv q | Hkv k | Hkv v | 8 Hkv gate heads
+    positions int32 | int64 [M]            RoPE rows (read only with RoPE)
+    slots     int32 | int64 [M]            flat cache slot page * 16 + row; < 0 padding
+    cos_sin   fp32  [P, 64]                cos | sin (a 1-row dummy without RoPE)
+    kv_cache  bf16  [pages, Hkv, 16, 128]  K in columns 0:64, V in 64:128
+    y         bf16  [M, N]
+    error     int32 [1]                    |= BAD_SLOT (slot >= pages * 16), |= BAD_POSITION
+
+Design (seed 001's split-K cluster, on wgmma for every M):
+- The output is computed transposed ("swap AB"): a head's 64 weight rows are the M = 64 of a
+  wgmma, the tokens its N (the token tile, 8 to 256), so one wgmma shape serves one token and
+  512 alike, and the weight, the operand that is large, streams through once per token tile.
+- A cluster of S CTAs (the K split, qkv_front_plan.k_split: 7 / 3 / 1 for Hkv 1 / 2 / >= 4) owns
+  one group of heads (1 or 2) and one token tile; rank r sums K tiles [r 128 / S, (r+1) 128 / S)
+  of 64 columns each. S depends on Hkv only, so at Hkv 2 the 36 heads run on 108 CTAs at any M.
+- Per CTA: one producer warp streams, per K tile, the heads' 64 x 64 weight boxes and the
+  T x 64 x box with TMA (128-byte swizzle, the canonical K-major wgmma layout) into a ring of
+  full / empty mbarriers; one consumer warpgroup per head issues the tile's four m64nTk16 wgmmas
+  (A = weight, B = x, both from shared memory) into an fp32 accumulator that starts at 0, and
+  releases a stage once the next one's wgmmas are issued (one group in flight).
+- The split-K sum: each CTA leaves its fp32 partial [heads, T, 64] in its drained ring; after a
+  cluster barrier, the owner of token t (rank t % S) reads the S partials of its rows over
+  distributed shared memory and adds them in rank order (explicit add.rn), rounds to bf16 and
+  runs the epilogue: no global scratch, no atomics (except the error flag), no state across calls.
+- Epilogue: 8 threads per (token, head) row, 8 columns each (16-byte loads and stores): sum of
+  squares in column order (fma.rn) then a butterfly over the 8 lanes, rsqrt.approx, RoPE in
+  fma.rn / mul.rn, cvt.rn.bf16x2; y, then for k and v heads the cache row (64-bit addresses: a
+  cache may exceed 2^31 elements). A slot past the cache is skipped and flagged; a position
+  outside cos_sin reads row 0 and is flagged.
+- Batch invariance (the property the design is built around): a token's y and cache rows are the
+  same bits whatever M, the token tile or the heads per CTA: its accumulator sees the same
+  k16 steps in the same order (each wgmma output element is a fixed function of its own row and
+  column), the S partials are added in the same order, and the epilogue is the same code on the
+  same 8-lane mapping. Run to run it is deterministic for the same reasons.
+- PDL: before griddepcontrol.wait a CTA only initialises its barriers and loads weights (no kernel
+  writes them inside a step); every thread waits before it touches x, positions, slots, cos_sin,
+  y or the cache. After its main loop a CTA triggers the dependent launch, so the next kernel's
+  prologue (attn2's, or the next layer's weight stream) overlaps this one's epilogue.
+
+Measurements: bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, Int64, Uint32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cuda.bindings import driver as cuda
+
+from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
+from ..errors import BAD_POSITION, BAD_SLOT
+from . import compile_cache, runtime
+from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit
+from .qkv_front_plan import (K_TILE, K_TILES, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
+                             deployment_variants, k_split, launch_config)
+
+ROW_THREADS = 8                 # threads per (token, head) row of the epilogue
+ROW_COLS = HEAD_DIM // ROW_THREADS
+_INDEX = {"int32": Int32, "int64": Int64}
+
+
+@cute.jit
+def _st_global_v4(addr: Int64, v0: Uint32, v1: Uint32, v2: Uint32, v3: Uint32):
+    """16 bytes at a 64-bit global address."""
+    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
+                         read_only_args=[addr, v0, v1, v2, v3])
+
+
+@cute.jit
+def _row_norm(v: cute.Tensor):
+    """rsqrt(mean(v^2) + eps) of a 64-column row whose 8 columns v this thread holds: squares in
+    column order, then a butterfly over the row's 8 lanes (every lane gets the same value)."""
+    ss = mul_rn(v[0], v[0])
+    for c in cutlass.range_constexpr(1, ROW_COLS):
+        ss = fma_rn(v[c], v[c], ss)
+    for b in cutlass.range_constexpr(3):          # lanes 8 apart belong to other rows
+        ss = add_rn(ss, cute.arch.shuffle_sync_bfly(ss, offset=1 << b))
+    return cute.math.rsqrt(fma_rn(ss, Float32(1.0 / HEAD_DIM), Float32(RMS_EPS)), fastmath=True)
+
+
+@cute.jit
+def _store_row(addr: Int64, v: cute.Tensor):
+    """bf16(v) (8 fp32) as 16 bytes at a global address."""
+    _st_global_v4(addr, pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
+                  pack_bf16x2(v[6], v[7]))
+
+
+class QkvFrontSm90:
+    """One variant of the qkv_front kernel (see the module docstring)."""
+
+    def __init__(self, cfg: QkvFrontConfig):
+        self.cfg = cfg
+        self.token_tile = cfg.token_tile
+        self.heads_per_cta = cfg.heads_per_cta
+        self.stages = cfg.stages
+        self.rope = cfg.rope
+        self.consumer_threads = 128 * cfg.heads_per_cta
+        self.producer_warp = 4 * cfg.heads_per_cta
+        self.rows_per_pass = self.consumer_threads // ROW_THREADS
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor,       # bf16 [M, 8192]
+                 mW: cute.Tensor,             # bf16 [N, 8192]
+                 mPos: cute.Tensor,           # int32 | int64 [M]
+                 mSlot: cute.Tensor,          # int32 | int64 [M]
+                 mCS: cute.Tensor,            # fp32 [P, 64]
+                 mCache: cute.Tensor,         # bf16 [pages, Hkv, 16, 128]
+                 mY: cute.Tensor,             # bf16 [M, N]
+                 mErr: cute.Tensor,           # int32 [1]
+                 split: Int32,                # the K split S (cluster size)
+                 stream: cuda.CUstream):
+        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+        # weight: a (64, 64) box per head and stage; x: a (T, 64) box per stage
+        sW_layout = cute.tile_to_shape(atom, (HEAD_DIM, K_TILE, ST * HPC), (0, 1, 2))
+        sX_layout = cute.tile_to_shape(atom, (T, K_TILE, ST), (0, 1, 2))
+        tma_w, mW_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mW,
+                                                    cute.slice_(sW_layout, (None, None, 0)), (HEAD_DIM, K_TILE))
+        tma_x, mX_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
+                                                    cute.slice_(sX_layout, (None, None, 0)), (T, K_TILE))
+        m = mX.shape[0]
+        head_groups = mW.shape[0] // (HEAD_DIM * HPC)
+        self.kernel(tma_w, mW_tma, tma_x, mX_tma, mPos, mSlot, mCS, mCache, mY, mErr, sW_layout, sX_layout,
+                    split).launch(
+            grid=(split, head_groups, (m + T - 1) // T), block=(self.cfg.threads, 1, 1),
+            cluster=(split, 1, 1), stream=stream, use_pdl=self.cfg.pdl)
+
+    @cute.kernel
+    def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
+               mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
+               mErr: cute.Tensor, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
+        """CTA (rank, head_group, tile): K tiles of `rank` for heads head_group * HPC .. + HPC - 1
+        and tokens tile * T .. + T - 1. Warps 0 .. 4 HPC - 1 are the consumer warpgroups (one head
+        each), warp 4 HPC the producer."""
+        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        rank, head_group, tile = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        # ---- shared memory: the ring's barriers and stages; after the main loop the ring holds
+        # this CTA's fp32 partial [HPC, T, PARTIAL_ROW] (x's stages lie right after the weight's)
+        smem = SmemAllocator()
+        full = smem.allocate_array(Int64, ST, byte_alignment=8)
+        empty = smem.allocate_array(Int64, ST, byte_alignment=8)
+        sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
+        sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
+        sP = cute.make_tensor(cute.recast_ptr(sW.iterator, dtype=Float32), cute.make_layout(HPC * T * PARTIAL_ROW))
+        if warp == self.producer_warp:
+            cpasync.prefetch_descriptor(tma_w)
+            cpasync.prefetch_descriptor(tma_x)
+            with cute.arch.elect_one():
+                for s in cutlass.range_constexpr(ST):
+                    cute.arch.mbarrier_init(full + s, 1)
+                    cute.arch.mbarrier_init(empty + s, 4 * HPC)   # one arrive per consumer warp
+                cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        # ---- this rank's K tiles: a function of the split alone, which depends on Hkv alone
+        kt_lo = rank * K_TILES // split
+        n_k = (rank + 1) * K_TILES // split - kt_lo
+
+        if warp == self.producer_warp:
+            self.produce(tma_w, mW_tma, tma_x, mX_tma, sW, sX, full, empty, head_group, tile, kt_lo, n_k)
+        else:
+            self.consume(sW, sX, sP, full, empty, n_k, warp // 4, tidx % 128)
+            if const_expr(self.cfg.pdl and self.cfg.trigger):
+                # every load of this CTA is issued: the next kernel may launch and run its prologue
+                cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.cluster_arrive()       # release this CTA's partial to the cluster
+        cute.arch.cluster_wait()
+        if warp < self.producer_warp:
+            if const_expr(self.cfg.pdl):
+                cute.arch.griddepcontrol_wait()   # before the first global access of these threads
+            self.reduce_and_store(sP, mPos, mSlot, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
+        # every DSMEM load above has returned (its value was stored), so a relaxed arrive lets the
+        # peers go; the wait keeps this CTA's partial alive until they have read it
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
+
+    @cute.jit
+    def produce(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
+                sW: cute.Tensor, sX: cute.Tensor, full, empty, head_group: Int32, tile: Int32, kt_lo: Int32,
+                n_k: Int32):
+        """The producer warp: per K tile, HPC weight boxes (64 x 64) and one x box (T x 64) into
+        the next free stage. The weights of the first stages go out before griddepcontrol.wait."""
+        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        gW = cute.flat_divide(mW_tma, (HEAD_DIM, K_TILE))          # (64, 64, heads, 128)
+        gX = cute.flat_divide(mX_tma, (T, K_TILE))                 # (T, 64, token tiles, 128)
+        tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+                                         cute.group_modes(gW, 0, 2))
+        tXs, tXg = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                         cute.group_modes(gX, 0, 2))
+        stage_bytes = self.cfg.stage_bytes
+        n_pre = cutlass.min(n_k, Int32(ST))
+        for i in cutlass.range(n_pre, unroll=1):
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + i, stage_bytes)
+            for h in cutlass.range_constexpr(HPC):
+                cute.copy(tma_w, tWg[None, head_group * HPC + h, kt_lo + i], tWs[None, i * HPC + h],
+                          tma_bar_ptr=full + i)
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()   # x is the previous kernel's output
+        for i in cutlass.range(n_pre, unroll=1):
+            cute.copy(tma_x, tXg[None, tile, kt_lo + i], tXs[None, i], tma_bar_ptr=full + i)
+        for i in cutlass.range(n_pre, n_k, unroll=1):
+            s = i % ST
+            cute.arch.mbarrier_wait(empty + s, (i // ST + 1) % 2)   # its previous use is released
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, stage_bytes)
+            for h in cutlass.range_constexpr(HPC):
+                cute.copy(tma_w, tWg[None, head_group * HPC + h, kt_lo + i], tWs[None, s * HPC + h],
+                          tma_bar_ptr=full + s)
+            cute.copy(tma_x, tXg[None, tile, kt_lo + i], tXs[None, s], tma_bar_ptr=full + s)
+
+    @cute.jit
+    def consume(self, sW: cute.Tensor, sX: cute.Tensor, sP: cute.Tensor, full, empty, n_k: Int32,
+                wg: Int32, wg_tidx: Int32):
+        """Consumer warpgroup wg (head head_group * HPC + wg): acc (64 rows x T tokens, fp32, from
+        0) += W_tile x_tile^T over the rank's K tiles in order, four k16 wgmmas a tile, one group in
+        flight; then the accumulator into the partial rows [wg, t, 0:64] of sP."""
+        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, warpgroup.OperandMajorMode.K,
+                                                warpgroup.OperandMajorMode.K, Float32, (1, 1, 1), (HEAD_DIM, T))
+        thr = mma.get_slice(wg_tidx)
+        atom = cute.make_mma_atom(mma.op)
+        tCrW = thr.make_fragment_A(thr.partition_A(sW))
+        tCrX = thr.make_fragment_B(thr.partition_B(sX))
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, T)), Float32)
+        acc.fill(0.0)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range(n_k, unroll=1):
+            s = i % ST
+            cute.arch.mbarrier_wait(full + s, (i // ST) % 2)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(K_TILE // 16):
+                cute.gemm(atom, acc, tCrW[None, None, kb, s * HPC + wg], tCrX[None, None, kb, s], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)          # the previous tile's wgmmas have read their stage
+            if i > 0:
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(empty + (i - 1) % ST)
+        warpgroup.wait_group(0)
+        # every consumer warpgroup is done with the ring (every stage was waited for, so the
+        # producer's copies have landed): the partial may overwrite it
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        sPw = cute.make_tensor(sP.iterator + wg * T * PARTIAL_ROW,
+                               cute.make_layout((HEAD_DIM, T), stride=(1, PARTIAL_ROW)))
+        tPs = thr.partition_C(sPw)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            tPs[i] = acc[i]
+
+    @cute.jit
+    def reduce_and_store(self, sP: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor,
+                         mCache: cute.Tensor, mY: cute.Tensor, mErr: cute.Tensor, split: Int32, rank: Int32,
+                         head_group: Int32, tile: Int32, tidx: Int32):
+        """The rows this rank owns (tokens t = rank + split j of the tile, each of the HPC heads):
+        the split-K sum of the cluster's partials in rank order, bf16, then norm / RoPE by head
+        kind, y, and the cache row of k and v heads. 8 lanes per row, ROW_COLS columns each."""
+        T, HPC = self.token_tile, self.heads_per_cta
+        m = mY.shape[0]
+        n = mY.shape[1]
+        hkv = mCache.shape[1]
+        hq = GROUP * hkv
+        capacity = Int64(mCache.shape[0]) * PAGE_SIZE
+        t_count = cutlass.min(Int32(T), m - tile * T)
+        n_own = (t_count - rank + split - 1) // split
+        rows = n_own * HPC
+        lane_row = tidx // ROW_THREADS
+        col = (tidx % ROW_THREADS) * ROW_COLS
+        y_base = mY.iterator.toint()
+        cache_base = mCache.iterator.toint()
+        for base in cutlass.range(0, rows, self.rows_per_pass, unroll=1):
+            # lanes past the last row repeat it (the butterfly needs all 8 lanes of a row) but store nothing
+            active = Int32(base + lane_row < rows)
+            row = cutlass.min(base + lane_row, rows - 1)
+            t = rank + split * (row // HPC)
+            hh = row % HPC
+            token = tile * T + t
+            head = head_group * HPC + hh
+            # ---- split-K sum: the partials in rank order, one rounding per add
+            acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+            acc.fill(0.0)
+            offset = (hh * T + t) * PARTIAL_ROW + col
+            for r in cutlass.range(split, unroll=1):
+                addr = cute.arch.map_dsmem_ptr(sP.iterator + offset, r).toint()
+                for q in cutlass.range_constexpr(ROW_COLS // 4):
+                    a0, a1, a2, a3 = ld_dsmem_f32x4(addr + 16 * q)
+                    acc[4 * q] = add_rn(acc[4 * q], a0)
+                    acc[4 * q + 1] = add_rn(acc[4 * q + 1], a1)
+                    acc[4 * q + 2] = add_rn(acc[4 * q + 2], a2)
+                    acc[4 * q + 3] = add_rn(acc[4 * q + 3], a3)
+            pb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
+            pb.store(acc.load().to(BFloat16))
+            p = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+            p.store(pb.load().to(Float32))
+            # ---- q and k heads: norm (+ RoPE); v and gate heads: p. Every lane computes the norm
+            # (the rows of one warp may be of different kinds; the butterfly needs the whole warp)
+            is_qk = Int32(head < hq + hkv)
+            rs = _row_norm(p)
+            normed = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+            for c in cutlass.range_constexpr(ROW_COLS):
+                normed[c] = mul_rn(p[c], rs)
+            nb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
+            nb.store(normed.load().to(BFloat16))
+            out = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+            out.store(nb.load().to(Float32))
+            if const_expr(self.rope):
+                self.rotate(out, mPos, mCS, mErr, token, col, is_qk * active)
+            for c in cutlass.range_constexpr(ROW_COLS):
+                out[c] = select(is_qk, out[c], p[c])
+            # ---- y, then the cache row of a k or v head
+            if active != 0:
+                _store_row(y_base + (Int64(token) * n + head * HEAD_DIM + col) * 2, out)
+                is_k = Int32(head >= hq) * is_qk
+                is_v = Int32(head >= hq + hkv) * Int32(head < hq + 2 * hkv)
+                if is_k + is_v != 0:
+                    slot = Int64(mSlot[token])
+                    if slot >= 0:
+                        if slot < capacity:
+                            kv_head = head - hq - is_v * hkv
+                            page = slot // PAGE_SIZE
+                            cache_row = (page * hkv + kv_head) * PAGE_SIZE + slot % PAGE_SIZE
+                            cache_col = is_v * HEAD_DIM + col
+                            _store_row(cache_base + (cache_row * CACHE_ROW + cache_col) * 2, out)
+                        else:
+                            if col == 0:
+                                set_error_bit(mErr, BAD_SLOT)
+
+    @cute.jit
+    def rotate(self, v: cute.Tensor, mPos: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor, token: Int32,
+               col: Int32, flag: Int32):
+        """Interleaved RoPE in place on the thread's columns col .. col + 7 (pairs (2i, 2i+1),
+        frequencies col / 2 .. col / 2 + 3) of a normed head row, rounded to bf16 by the store.
+        A position outside cos_sin reads row 0 and, where flag, sets BAD_POSITION."""
+        pos = Int64(mPos[token])
+        n_pos = Int64(mCS.shape[0])
+        ok = Int32(pos >= 0) * Int32(pos < n_pos)
+        if ok == 0:
+            pos = Int64(0)
+            if flag != 0:
+                if col == 0:
+                    set_error_bit(mErr, BAD_POSITION)
+        cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+        sin = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+        quarter = col // ROW_COLS       # 4 frequencies from col / 2: a 16-byte piece of the row
+        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (Int32(pos), quarter))[0, None], cos)
+        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (Int32(pos), quarter + ROW_THREADS))[0, None], sin)
+        for i in cutlass.range_constexpr(ROW_COLS // 2):
+            even = v[2 * i]
+            odd = v[2 * i + 1]
+            v[2 * i] = fma_rn(even, cos[i], -mul_rn(odd, sin[i]))
+            v[2 * i + 1] = fma_rn(odd, cos[i], mul_rn(even, sin[i]))
+
+
+# ------------------------------------------------------------------------------------ host
+def compile_variant(cfg: QkvFrontConfig, extra_options: str = ""):
+    """The compiled variant cfg (compile cache: memory, then disk, then cute.compile against fake
+    tensors, CPU or GPU), called with torch tensors on torch's current stream."""
+    return compile_cache.get(("qkv_front", cfg, extra_options), lambda: _compile(cfg, extra_options),
+                             disk=not extra_options)
+
+
+def _compile(cfg: QkvFrontConfig, extra_options: str):
+    runtime.require_dsl()
+    m = cute.sym_int()
+    n = cute.sym_int(divisibility=64)
+    pages, hkv, n_pos = (cute.sym_int() for _ in range(3))
+    fake = runtime.fake_tensor
+    return cute.compile(
+        QkvFrontSm90(cfg),
+        fake(BFloat16, (m, HIDDEN), align=16),                          # x
+        fake(BFloat16, (n, HIDDEN), align=16),                          # weight
+        fake(_INDEX[cfg.pos_dtype], (m,), align=4),                     # positions
+        fake(_INDEX[cfg.slot_dtype], (m,), align=4),                    # slots
+        fake(Float32, (n_pos, HEAD_DIM), align=16),                     # cos_sin
+        fake(BFloat16, (pages, hkv, PAGE_SIZE, CACHE_ROW), align=16),   # kv_cache
+        fake(BFloat16, (m, n), align=16),                               # y
+        fake(Int32, (1,), align=4),                                     # error flag
+        Int32(3), runtime.env_stream(),
+        options=runtime.compile_options(extra_options))
+
+
+def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag,
+                     _cfg_override: dict | None = None) -> None:
+    """Write y and the cache rows on torch's current stream (graph-capturable; no host sync)."""
+    m = x.shape[0]
+    if m == 0:
+        return
+    rope = cos_sin is not None
+    cfg = launch_config(m, rope, positions.dtype, slots.dtype, _cfg_override)
+    fn = compile_variant(cfg)
+    if not rope:
+        cos_sin = runtime.dummy_tensor(x.device)
+    fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, k_split(kv_cache.shape[1]))
+
+
+def prepare(kv_heads: int, rope: bool) -> list:
+    """Compile (or load from the disk cache) every variant a deployment may launch."""
+    return [compile_variant(cfg) for cfg in deployment_variants(kv_heads, rope)]
+
+
+def compile_all_variants_for_ci() -> list:
+    done = ci_variants()
+    for cfg in done:
+        compile_variant(cfg)
+    return done

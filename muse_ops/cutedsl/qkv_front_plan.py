@@ -1,0 +1,124 @@
+"""The host side of qkv_front's CuTe DSL kernel (muse_ops/cutedsl/qkv_front.py), with no cutlass
+import: the K split of a deployment, the variant a launch of M tokens takes, every variant a
+deployment may launch, and whether it can run here.
+
+What fixes the bits of a token's y and of its cache rows (docs/DESIGN.md, qkv_front): the K split
+S (a function of Hkv only) and the order in which the S partial sums are added (rank order).
+What may change with M without changing them: the token tile (the N of the wgmma, 8 to 256) and
+the heads a CTA computes (1 or 2). See the kernel module's docstring for why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import GROUP, HEAD_DIM, HIDDEN
+from . import runtime
+
+K_TILE = 64                      # k columns per ring stage: one 128-byte swizzle row of bf16
+K_TILES = HIDDEN // K_TILE       # 128
+SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
+MAX_K_SPLIT = 8                  # portable cluster size
+RING_BYTES = 192 * 1024          # shared memory for the ring (and, after the main loop, the partials)
+PARTIAL_ROW = HEAD_DIM + 4       # fp32 per (token, head) row of a partial in smem (+4: fewer bank conflicts)
+INDEX_DTYPES = ("int32", "int64")
+
+# (token tile, heads per CTA) by the largest M a variant serves; above 128 tokens a CTA computes two
+# heads, so x is read from L2 half as often (the large-M cases are L2-bandwidth bound)
+TILES = ((8, 8, 1), (16, 16, 1), (32, 32, 1), (64, 64, 1), (128, 128, 1), (256, 128, 2))
+TILE_SHAPES = tuple(sorted({(t, h) for _, t, h in TILES} | {(256, 2)}))
+
+
+def heads(kv_heads: int) -> int:
+    """64-column heads of the projection: 8 Hkv q, Hkv k, Hkv v, 8 Hkv gate."""
+    return (2 * GROUP + 2) * kv_heads
+
+
+def k_split(kv_heads: int) -> int:
+    """CTAs that split K for one head (a cluster): as many as fill one wave of 132 SMs with one CTA
+    per SM, at most 8. It depends on Hkv only, never on M: it fixes the order of the K sums, so a
+    token gets the same bits in any batch (Hkv 1: 7, Hkv 2: 3, Hkv >= 4: 1)."""
+    return max(1, min(MAX_K_SPLIT, SM_TARGET // heads(kv_heads)))
+
+
+def k_range(rank: int, split: int) -> tuple[int, int]:
+    """The K tiles [lo, hi) rank `rank` of a split of `split` sums (as the kernel derives them)."""
+    return rank * K_TILES // split, (rank + 1) * K_TILES // split
+
+
+@dataclass(frozen=True)
+class QkvFrontConfig:
+    """Compile-time parameters of one variant (M, N, Hkv, the K split, the cache size and every
+    address are run time)."""
+    token_tile: int       # tokens per CTA: the N of the wgmma (8..256)
+    heads_per_cta: int    # 64-column heads per CTA: one consumer warpgroup each
+    stages: int           # ring depth
+    rope: bool            # interleaved RoPE on q and k (cos_sin given)
+    pos_dtype: str        # "int32" or "int64"
+    slot_dtype: str
+    pdl: bool = True      # programmatic dependent launch: only weight loads before griddepcontrol.wait
+    trigger: bool = True  # let the next kernel on the stream launch after the main loop
+
+    @property
+    def threads(self) -> int:   # the consumer warpgroups, then one producer warp
+        return 128 * self.heads_per_cta + 32
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.heads_per_cta * HEAD_DIM + self.token_tile) * K_TILE * 2
+
+    @property
+    def partial_bytes(self) -> int:
+        return self.heads_per_cta * self.token_tile * PARTIAL_ROW * 4
+
+    @staticmethod
+    def create(token_tile: int, heads_per_cta: int, rope: bool, pos_dtype: str = "int64",
+               slot_dtype: str = "int64", stages: int | None = None, **over) -> "QkvFrontConfig":
+        assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
+        assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
+        stage = (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2
+        if stages is None:
+            stages = max(2, min(8, RING_BYTES // stage))
+        cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)
+        # the partials of the split-K sum reuse the ring once the main loop is done
+        assert cfg.stages * cfg.stage_bytes >= cfg.partial_bytes, cfg
+        return cfg
+
+
+def tile_for(m: int) -> tuple[int, int]:
+    """(token tile, heads per CTA) of a launch of m tokens: a host decision on M alone."""
+    for limit, tile, hpc in TILES:
+        if m <= limit:
+            return tile, hpc
+    return TILES[-1][1], TILES[-1][2]
+
+
+def _dtype_name(t) -> str:
+    return str(t).replace("torch.", "")
+
+
+def launch_config(m: int, rope: bool, positions_dtype, slots_dtype, override: dict | None = None) -> QkvFrontConfig:
+    over = dict(override or {})
+    tile, hpc = over.pop("tile", tile_for(m))
+    return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
+
+
+def deployment_variants(kv_heads: int, rope: bool) -> list[QkvFrontConfig]:
+    """Every variant a deployment may launch for M = 1 .. any: one per token tile, for int64
+    positions and slots (as muse_ops.PagedBatch builds them) and for int32 (what some engines
+    pass). Mixed index dtypes compile on first use. kv_heads is a run-time dimension."""
+    return [QkvFrontConfig.create(tile, hpc, rope, d, d) for _, tile, hpc in TILES for d in INDEX_DTYPES]
+
+
+def ci_variants() -> list[QkvFrontConfig]:
+    """What CI compiles on the CPU: every tile shape, RoPE on and off, every index dtype pair."""
+    return [QkvFrontConfig.create(tile, hpc, rope, p, s) for tile, hpc in TILE_SHAPES
+            for rope in (False, True) for p in INDEX_DTYPES for s in INDEX_DTYPES]
+
+
+def can_implement(device, kv_heads: int, rope: bool | None = None) -> tuple[bool, str]:
+    ok, why = runtime.device_support(device)
+    if not ok:
+        return ok, why
+    if kv_heads < 1:
+        return False, f"kv_heads must be >= 1, got {kv_heads}"
+    return True, "ok"
