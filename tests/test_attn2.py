@@ -1,4 +1,4 @@
-"""muse::attn2 on the reference backend against the independent float64 oracle."""
+"""muse::attn2 on the reference backend against the float64 evaluation (muse_ops.testing)."""
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 import muse_ops
 from muse_ops.config import DEFAULT_SCALE, SLIDING_WINDOW
 
-from oracle import assert_close_design, attn2_oracle, bf16
+from muse_ops.testing import assert_close, attn2_f64, bf16
 from scenario import attn2_inputs
 
 
@@ -24,8 +24,8 @@ def test_attn2_reference_matches_float64(lengths, q_len, window, kv_heads, seed)
     y, cache, batch = attn2_inputs(lengths, q_len, kv_heads, gen)
     out = run_attn2(y, cache, batch, q_len, window)
     assert out.dtype == torch.bfloat16 and out.shape == (q_len * len(lengths), 512 * kv_heads)
-    ref = attn2_oracle(y, cache, batch.page_table, batch.seq_lens, q_len, window, DEFAULT_SCALE)
-    assert_close_design(out, ref)
+    ref = attn2_f64(y, cache, batch.page_table, batch.seq_lens, q_len=q_len, window=window, scale=DEFAULT_SCALE)
+    assert_close(out, ref)
 
 
 @pytest.mark.parametrize("q_len,window,lengths", [
@@ -38,7 +38,7 @@ def test_attn2_reference_edges(q_len, window, lengths):
     gen = torch.Generator().manual_seed(1)
     y, cache, batch = attn2_inputs(lengths, q_len, 2, gen)
     out = run_attn2(y, cache, batch, q_len, window)
-    assert_close_design(out, attn2_oracle(y, cache, batch.page_table, batch.seq_lens, q_len, window, DEFAULT_SCALE))
+    assert_close(out, attn2_f64(y, cache, batch.page_table, batch.seq_lens, q_len=q_len, window=window, scale=DEFAULT_SCALE))
 
 
 def test_attn2_single_visible_key_is_v():

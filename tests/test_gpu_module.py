@@ -6,7 +6,7 @@ import torch
 import muse_ops
 from muse_ops import DeploymentConfig, MuseAttentionDecode, PagedBatch
 
-from oracle import assert_close_design, attn2_oracle, qkv_front_oracle
+from muse_ops.testing import assert_close, attn2_f64, qkv_front_f64
 from scenario import attn2_inputs
 
 pytestmark = pytest.mark.gpu
@@ -21,11 +21,10 @@ def _layer(cfg, seed):
 
 
 def _check_step(layer, cfg, x, b, cache, out):
-    y64 = qkv_front_oracle(x.cpu(), layer.qkv_weight.detach().cpu(), b.positions.cpu(),
+    y64 = qkv_front_f64(x.cpu(), layer.qkv_weight.detach().cpu(), b.positions.cpu(),
                            None if layer.cos_sin is None else layer.cos_sin.cpu(), cfg.kv_heads)
-    ref = attn2_oracle(y64.to(torch.bfloat16), cache.cpu(), b.page_table.cpu(), b.seq_lens.cpu(), cfg.q_len,
-                       cfg.window, cfg.scale)
-    assert_close_design(out, ref)
+    ref = attn2_f64(y64.to(torch.bfloat16), cache.cpu(), b.page_table.cpu(), b.seq_lens.cpu(), q_len=cfg.q_len, window=cfg.window, scale=cfg.scale)
+    assert_close(out, ref)
 
 
 @pytest.mark.parametrize("window", [0, 2048])
@@ -34,7 +33,7 @@ def test_gpu_reference_attn2_matches_float64(window):
     y, cache, b = attn2_inputs([8, 100, 3000, 2049], 8, 2, gen)
     out = muse_ops.attn2(y.to(DEV), cache.to(DEV), b.page_table.to(DEV), b.seq_lens.to(DEV), q_len=8,
                          window=window, scale=0.684, max_seq_len=4096, backend="reference")
-    assert_close_design(out, attn2_oracle(y, cache, b.page_table, b.seq_lens, 8, window, 0.684))
+    assert_close(out, attn2_f64(y, cache, b.page_table, b.seq_lens, q_len=8, window=window, scale=0.684))
 
 
 @pytest.mark.parametrize("window", [0, 2048])

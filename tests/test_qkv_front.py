@@ -1,4 +1,4 @@
-"""muse::qkv_front on the reference backend against the float64 oracle, and its cache writes."""
+"""muse::qkv_front on the reference backend against the float64 evaluation (muse_ops.testing), and its cache writes."""
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 import muse_ops
 from muse_ops.config import PAGE_SIZE
 
-from oracle import assert_close_design, qkv_front_oracle
+from muse_ops.testing import assert_close, qkv_front_f64
 
 from scenario import qkv_front_inputs
 
@@ -29,9 +29,9 @@ def test_qkv_front_reference_matches_float64(m, kv_heads, rope, pad, seed):
     cos_sin = muse_ops.rope_cos_sin(5000) if rope else None
     y = muse_ops.qkv_front(x, w, positions, slots, cos_sin, cache, backend="reference")
 
-    ref = qkv_front_oracle(x, w, positions, cos_sin, kv_heads)
+    ref = qkv_front_f64(x, w, positions, cos_sin, kv_heads)
     assert y.shape == (m, 1152 * kv_heads) and y.dtype == torch.bfloat16
-    assert_close_design(y, ref, "y")
+    assert_close(y, ref, "y")
     hq = 8 * kv_heads
     written = torch.zeros(num_pages * PAGE_SIZE, dtype=torch.bool)
     for i, s in enumerate(slots.tolist()):
@@ -41,8 +41,8 @@ def test_qkv_front_reference_matches_float64(m, kv_heads, rope, pad, seed):
         row = cache[s // PAGE_SIZE, :, s % PAGE_SIZE].double()              # [Hkv, 128]
         k_ref = ref[i, hq * 64:(hq + kv_heads) * 64].view(kv_heads, 64)
         v_ref = ref[i, (hq + kv_heads) * 64:(hq + 2 * kv_heads) * 64].view(kv_heads, 64)
-        assert_close_design(row[:, :64], k_ref, "inserted k")
-        assert_close_design(row[:, 64:], v_ref, "inserted v")
+        assert_close(row[:, :64], k_ref, "inserted k")
+        assert_close(row[:, 64:], v_ref, "inserted v")
         # the cache holds exactly what y returned
         assert torch.equal(row[:, :64], y[i, hq * 64:(hq + kv_heads) * 64].double().view(kv_heads, 64))
     flat_after = cache.permute(0, 2, 1, 3).reshape(-1, kv_heads * 128)

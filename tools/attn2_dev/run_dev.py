@@ -23,7 +23,8 @@ def load_kernel(path=None):
 
 
 A = load_kernel(os.environ.get("ATTN2_FILE"))
-from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, counters_zero, SCALE
+from test_attn2_cutedsl import make_case, run_kernel, check_close, counters_zero, SCALE
+from muse_ops.testing import attn2_f64
 
 dev = "cuda"
 
@@ -41,7 +42,7 @@ def run_checks():
         msl = 1 << 17
         kw = dict(q_len=q_len, window=window, max_seq_len=msl)
         y, cache, pt, seq = make_case(lens, hkv, q_len, seed=1, window=window)
-        ref = ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+        ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
         outs = []
         for layout in A.deployment_layouts(window):
             out, ws, err = run_kernel(A, y, cache, pt, seq, layout=layout, **kw)

@@ -5,7 +5,8 @@ import os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import torch
 from muse_ops.cutedsl import attn2 as A
-from test_attn2_cutedsl import make_case, ref_float64, run_kernel, check_close, SCALE
+from test_attn2_cutedsl import make_case, run_kernel, check_close, SCALE
+from muse_ops.testing import attn2_f64
 for q_len in (8, 1):
     y, cache, pt, seq = make_case([q_len, 100, 1200, 5000], 1, q_len, seed=4)
     for window in (0, 1024):
@@ -13,5 +14,5 @@ for q_len in (8, 1):
             out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=8192, layout=layout)
             torch.cuda.synchronize()
             print("sanitize case q_len", q_len, "window", window, layout,
-                  check_close(out, ref_float64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)),
+                  check_close(out, attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)),
                   int(err.item()))

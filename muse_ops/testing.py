@@ -1,0 +1,113 @@
+"""The float64 evaluation of both ops and the tolerance of docs/DESIGN.md (section 7): the one
+oracle every check of the repository uses (the tests, the demo, the benchmark's sanity pass).
+
+It restates the formulas directly, apart from `reference/` (which gathers whole pages and masks
+in batch): every key is addressed through the page table one token at a time, only the keys a
+request's rows can see are read (a page before a window or past L may hold anything, -1 in the
+page table included), and bf16 roundings sit exactly where the contract puts them. It runs on
+the device of its inputs, in float64.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
+
+ATOL, RTOL, MEAN_ATOL = 2e-2, 1e-2, 2e-3     # |err| <= ATOL + RTOL |ref| everywhere, mean |err| <= MEAN_ATOL
+
+
+def bf16(t: torch.Tensor) -> torch.Tensor:
+    """float64 holding t rounded to bf16 (round to nearest even)."""
+    return t.to(torch.bfloat16).to(torch.float64)
+
+
+def rms_normalize(v: torch.Tensor) -> torch.Tensor:
+    """v * rsqrt(mean(v^2) + eps) over the last dim."""
+    return v / torch.sqrt((v * v).mean(-1, keepdim=True) + RMS_EPS)
+
+
+def qkv_front_f64(x, weight, positions, cos_sin, kv_heads: int) -> torch.Tensor:
+    """float64 y [M, 1152 Hkv] (bf16-valued): bf16(x W^T); q and k heads normed (+ RoPE)."""
+    hq = GROUP * kv_heads
+    p = bf16(x.double() @ weight.double().T)
+    m = p.shape[0]
+    heads = p.view(m, -1, HEAD_DIM).clone()
+    n = bf16(rms_normalize(heads[:, : hq + kv_heads]))
+    if cos_sin is not None:
+        cs = cos_sin.double()[positions.long()]
+        c, s = cs[:, None, : HEAD_DIM // 2], cs[:, None, HEAD_DIM // 2:]
+        rot = torch.empty_like(n)
+        rot[..., 0::2] = bf16(n[..., 0::2] * c - n[..., 1::2] * s)
+        rot[..., 1::2] = bf16(n[..., 1::2] * c + n[..., 0::2] * s)
+        n = rot
+    heads[:, : hq + kv_heads] = n
+    return heads.view(m, -1)
+
+
+def inserted_rows_f64(y64: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """float64 [M, Hkv, 128]: the cache row qkv_front writes for each token (k' | v)."""
+    hq = GROUP * kv_heads
+    m = y64.shape[0]
+    k = y64[:, hq * HEAD_DIM:(hq + kv_heads) * HEAD_DIM].view(m, kv_heads, HEAD_DIM)
+    v = y64[:, (hq + kv_heads) * HEAD_DIM:(hq + 2 * kv_heads) * HEAD_DIM].view(m, kv_heads, HEAD_DIM)
+    return torch.cat((k, v), dim=-1)
+
+
+def token_rows(kv_cache, page_table, r: int, lo: int, hi: int) -> torch.Tensor:
+    """float64 [Hkv, hi - lo, 128]: request r's cache rows of tokens lo .. hi-1, token t at page
+    page_table[r, t // 16], row t % 16."""
+    t = torch.arange(lo, hi, device=kv_cache.device)
+    pages = page_table[r].to(kv_cache.device).long()[t // PAGE_SIZE]
+    return kv_cache[pages, :, t % PAGE_SIZE].double().permute(1, 0, 2)
+
+
+def attn2_f64(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: float) -> torch.Tensor:
+    """float64 out [q_len R, Hq 64] before the final bf16 rounding (o rounded to bf16 first)."""
+    kv_heads = kv_cache.shape[1]
+    hq = GROUP * kv_heads
+    dev = kv_cache.device
+    y = y.to(dev).double()
+    gate0 = (hq + 2 * kv_heads) * HEAD_DIM
+    out = torch.empty(y.shape[0], hq * HEAD_DIM, dtype=torch.float64, device=dev)
+    for r, length in enumerate(seq_lens.tolist()):
+        lo = max(0, length - q_len - window + 1) if window else 0     # the first key any row sees
+        kv = token_rows(kv_cache, page_table, r, lo, length)          # [Hkv, L - lo, 128]
+        k, v = kv[..., :HEAD_DIM], kv[..., HEAD_DIM:]
+        pos = torch.arange(length - q_len, length, device=dev)[:, None]
+        key = torch.arange(lo, length, device=dev)[None, :]
+        visible = key <= pos
+        if window:
+            visible &= key > pos - window                             # [q_len, L - lo]
+        rows = slice(r * q_len, (r + 1) * q_len)
+        q = y[rows, : hq * HEAD_DIM].view(q_len, kv_heads, GROUP, HEAD_DIM).permute(1, 0, 2, 3)
+        logits = scale * torch.einsum("gtjd,gkd->gtjk", q, k)          # [Hkv, q_len, 8, keys]
+        logits = logits.masked_fill(~visible[None, :, None, :], float("-inf"))
+        w = torch.softmax(logits, dim=-1)
+        o = bf16(torch.einsum("gtjk,gkd->gtjd", w, v))                 # [Hkv, q_len, 8, 64]
+        o = o.permute(1, 0, 2, 3).reshape(q_len, hq, HEAD_DIM)
+        gate = y[rows, gate0:].view(q_len, hq, HEAD_DIM)
+        out[rows] = (torch.sigmoid(gate) * rms_normalize(o)).reshape(q_len, -1)
+    return out
+
+
+def tolerance_report(got: torch.Tensor, ref64: torch.Tensor, mean_atol: float = MEAN_ATOL) -> dict:
+    """{"ok", "max_abs", "mean_abs", "bad" (elements outside the bound; NaN counts as bad)}."""
+    err = (got.to(ref64.device).double() - ref64).abs()
+    bad = ~(err <= ATOL + RTOL * ref64.abs())
+    mean = float(err.nan_to_num(float("inf")).mean()) if err.numel() else 0.0
+    n_bad = int(bad.sum())
+    return {"ok": n_bad == 0 and mean <= mean_atol, "bad": n_bad,
+            "max_abs": float(err.nan_to_num(float("inf")).max()) if err.numel() else 0.0, "mean_abs": mean}
+
+
+def assert_close(got: torch.Tensor, ref64: torch.Tensor, what: str = "output", mean_atol: float = MEAN_ATOL) -> None:
+    """Raise AssertionError naming the worst element unless got is within the contract of ref64."""
+    rep = tolerance_report(got, ref64, mean_atol)
+    if rep["ok"]:
+        return
+    err = (got.to(ref64.device).double() - ref64).abs().nan_to_num(float("inf"))
+    worst = int((err - (ATOL + RTOL * ref64.abs())).flatten().argmax())
+    raise AssertionError(
+        f"{what}: {rep['bad']} of {got.numel()} elements outside |err| <= {ATOL} + {RTOL}|ref| "
+        f"(max {rep['max_abs']:.3e}), mean |err| {rep['mean_abs']:.3e} (bound {mean_atol}); worst at flat "
+        f"index {worst}: got {float(got.flatten()[worst]):.5f}, ref {float(ref64.flatten()[worst]):.5f}")
