@@ -106,6 +106,7 @@ class QkvFrontSm90:
         self.token_tile = cfg.token_tile
         self.heads_per_cta = cfg.heads_per_cta
         self.stages = cfg.stages
+        self.kps = cfg.k_tiles_per_stage
         self.rope = cfg.rope
         self.consumer_threads = 128 * cfg.heads_per_cta
         self.producer_warp = 4 * cfg.heads_per_cta
@@ -122,11 +123,11 @@ class QkvFrontSm90:
                  mErr: cute.Tensor,           # int32 [1]
                  split: Int32,                # the K split S (cluster size)
                  stream: cuda.CUstream):
-        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        T, HPC, ST, KPS = self.token_tile, self.heads_per_cta, self.stages, self.kps
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        # weight: a (64, 64) box per head and stage; x: a (T, 64) box per stage
-        sW_layout = cute.tile_to_shape(atom, (HEAD_DIM, K_TILE, ST * HPC), (0, 1, 2))
-        sX_layout = cute.tile_to_shape(atom, (T, K_TILE, ST), (0, 1, 2))
+        # weight: a (64, 64) box per head and K tile; x: a (T, 64) box per K tile; KPS tiles a stage
+        sW_layout = cute.tile_to_shape(atom, (HEAD_DIM, K_TILE, ST * KPS * HPC), (0, 1, 2))
+        sX_layout = cute.tile_to_shape(atom, (T, K_TILE, ST * KPS), (0, 1, 2))
         tma_w, mW_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mW,
                                                     cute.slice_(sW_layout, (None, None, 0)), (HEAD_DIM, K_TILE))
         tma_x, mX_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
@@ -168,7 +169,8 @@ class QkvFrontSm90:
                 cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        # ---- this rank's K tiles: a function of the split alone, which depends on Hkv alone
+        # ---- this rank's K tiles: a function of the split alone, which depends on Hkv alone (the
+        # last stage may hold fewer than KPS of them)
         kt_lo = rank * K_TILES // split
         n_k = (rank + 1) * K_TILES // split - kt_lo
 
@@ -184,7 +186,8 @@ class QkvFrontSm90:
         if warp < self.producer_warp:
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()   # before the first global access of these threads
-            self.reduce_and_store(sP, mPos, mSlot, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
+            if const_expr(self.cfg.epilogue):
+                self.reduce_and_store(sP, mPos, mSlot, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
         # every DSMEM load above has returned (its value was stored), so a relaxed arrive lets the
         # peers go; the wait keeps this CTA's partial alive until they have read it
         cute.arch.cluster_arrive_relaxed()
@@ -194,43 +197,53 @@ class QkvFrontSm90:
     def produce(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
                 sW: cute.Tensor, sX: cute.Tensor, full, empty, head_group: Int32, tile: Int32, kt_lo: Int32,
                 n_k: Int32):
-        """The producer warp: per K tile, HPC weight boxes (64 x 64) and one x box (T x 64) into
-        the next free stage. The weights of the first stages go out before griddepcontrol.wait."""
-        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        """The producer warp: per K tile, HPC weight boxes (64 x 64) and one x box (T x 64), KPS
+        tiles to a stage. The weights of the first stages go out before griddepcontrol.wait."""
+        T, HPC, ST, KPS = self.token_tile, self.heads_per_cta, self.stages, self.kps
         gW = cute.flat_divide(mW_tma, (HEAD_DIM, K_TILE))          # (64, 64, heads, 128)
         gX = cute.flat_divide(mX_tma, (T, K_TILE))                 # (T, 64, token tiles, 128)
         tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                          cute.group_modes(gW, 0, 2))
         tXs, tXg = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
                                          cute.group_modes(gX, 0, 2))
-        stage_bytes = self.cfg.stage_bytes
-        n_pre = cutlass.min(n_k, Int32(ST))
+        n_stages = (n_k + KPS - 1) // KPS
+        n_pre = cutlass.min(n_stages, Int32(ST))
         for i in cutlass.range(n_pre, unroll=1):
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + i, stage_bytes)
-            for h in cutlass.range_constexpr(HPC):
-                cute.copy(tma_w, tWg[None, head_group * HPC + h, kt_lo + i], tWs[None, i * HPC + h],
-                          tma_bar_ptr=full + i)
+                cute.arch.mbarrier_arrive_and_expect_tx(
+                    full + i, cutlass.min(n_k - i * KPS, Int32(KPS)) * self.cfg.tile_bytes)
+            for j in cutlass.range_constexpr(KPS):
+                if i * KPS + j < n_k:
+                    for h in cutlass.range_constexpr(HPC):
+                        cute.copy(tma_w, tWg[None, head_group * HPC + h, kt_lo + i * KPS + j],
+                                  tWs[None, (i * KPS + j) * HPC + h], tma_bar_ptr=full + i)
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()   # x is the previous kernel's output
         for i in cutlass.range(n_pre, unroll=1):
-            cute.copy(tma_x, tXg[None, tile, kt_lo + i], tXs[None, i], tma_bar_ptr=full + i)
-        for i in cutlass.range(n_pre, n_k, unroll=1):
+            for j in cutlass.range_constexpr(KPS):
+                if i * KPS + j < n_k:
+                    cute.copy(tma_x, tXg[None, tile, kt_lo + i * KPS + j], tXs[None, i * KPS + j],
+                              tma_bar_ptr=full + i)
+        for i in cutlass.range(n_pre, n_stages, unroll=1):
             s = i % ST
             cute.arch.mbarrier_wait(empty + s, (i // ST + 1) % 2)   # its previous use is released
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + s, stage_bytes)
-            for h in cutlass.range_constexpr(HPC):
-                cute.copy(tma_w, tWg[None, head_group * HPC + h, kt_lo + i], tWs[None, s * HPC + h],
-                          tma_bar_ptr=full + s)
-            cute.copy(tma_x, tXg[None, tile, kt_lo + i], tXs[None, s], tma_bar_ptr=full + s)
+                cute.arch.mbarrier_arrive_and_expect_tx(
+                    full + s, cutlass.min(n_k - i * KPS, Int32(KPS)) * self.cfg.tile_bytes)
+            for j in cutlass.range_constexpr(KPS):
+                if i * KPS + j < n_k:
+                    kt = kt_lo + i * KPS + j
+                    for h in cutlass.range_constexpr(HPC):
+                        cute.copy(tma_w, tWg[None, head_group * HPC + h, kt], tWs[None, (s * KPS + j) * HPC + h],
+                                  tma_bar_ptr=full + s)
+                    cute.copy(tma_x, tXg[None, tile, kt], tXs[None, s * KPS + j], tma_bar_ptr=full + s)
 
     @cute.jit
     def consume(self, sW: cute.Tensor, sX: cute.Tensor, sP: cute.Tensor, full, empty, n_k: Int32,
                 wg: Int32, wg_tidx: Int32):
         """Consumer warpgroup wg (head head_group * HPC + wg): acc (64 rows x T tokens, fp32, from
-        0) += W_tile x_tile^T over the rank's K tiles in order, four k16 wgmmas a tile, one group in
-        flight; then the accumulator into the partial rows [wg, t, 0:64] of sP."""
+        0) += W_tile x_tile^T over the rank's K tiles in order, four k16 wgmmas a tile, one wgmma
+        group a stage, one group in flight; then the accumulator into the rows [wg, t, 0:64] of sP."""
         T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
         mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, warpgroup.OperandMajorMode.K,
                                                 warpgroup.OperandMajorMode.K, Float32, (1, 1, 1), (HEAD_DIM, T))
@@ -242,12 +255,16 @@ class QkvFrontSm90:
         acc.fill(0.0)
         atom.set(warpgroup.Field.ACCUMULATE, True)
         lane = cute.arch.lane_idx()
-        for i in cutlass.range(n_k, unroll=1):
+        KPS = self.kps
+        for i in cutlass.range((n_k + KPS - 1) // KPS, unroll=1):
             s = i % ST
             cute.arch.mbarrier_wait(full + s, (i // ST) % 2)
             warpgroup.fence()
-            for kb in cutlass.range_constexpr(K_TILE // 16):
-                cute.gemm(atom, acc, tCrW[None, None, kb, s * HPC + wg], tCrX[None, None, kb, s], acc)
+            for j in cutlass.range_constexpr(KPS):
+                if i * KPS + j < n_k:     # K tiles in order, k16 steps in order: the same for any KPS
+                    for kb in cutlass.range_constexpr(K_TILE // 16):
+                        cute.gemm(atom, acc, tCrW[None, None, kb, (s * KPS + j) * HPC + wg],
+                                  tCrX[None, None, kb, s * KPS + j], acc)
             warpgroup.commit_group()
             warpgroup.wait_group(1)          # the previous tile's wgmmas have read their stage
             if i > 0:
@@ -401,11 +418,13 @@ def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_fl
     if m == 0:
         return
     rope = cos_sin is not None
-    cfg = launch_config(m, rope, positions.dtype, slots.dtype, _cfg_override)
+    over = dict(_cfg_override or {})
+    split = over.pop("split", None) or k_split(kv_cache.shape[1])     # dev tools may force another split
+    cfg = launch_config(m, rope, positions.dtype, slots.dtype, over)
     fn = compile_variant(cfg)
     if not rope:
         cos_sin = runtime.dummy_tensor(x.device)
-    fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, k_split(kv_cache.shape[1]))
+    fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
 
 
 def prepare(kv_heads: int, rope: bool) -> list:

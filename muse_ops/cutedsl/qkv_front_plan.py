@@ -55,16 +55,22 @@ class QkvFrontConfig:
     rope: bool            # interleaved RoPE on q and k (cos_sin given)
     pos_dtype: str        # "int32" or "int64"
     slot_dtype: str
+    k_tiles_per_stage: int = 1   # 64-column K tiles per ring stage (one barrier and wgmma group per stage)
     pdl: bool = True      # programmatic dependent launch: only weight loads before griddepcontrol.wait
     trigger: bool = True  # let the next kernel on the stream launch after the main loop
+    epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
         return 128 * self.heads_per_cta + 32
 
     @property
-    def stage_bytes(self) -> int:
+    def tile_bytes(self) -> int:   # one K tile of the heads' weight rows and of x
         return (self.heads_per_cta * HEAD_DIM + self.token_tile) * K_TILE * 2
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.k_tiles_per_stage * self.tile_bytes
 
     @property
     def partial_bytes(self) -> int:
@@ -75,7 +81,7 @@ class QkvFrontConfig:
                slot_dtype: str = "int64", stages: int | None = None, **over) -> "QkvFrontConfig":
         assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
-        stage = (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2
+        stage = (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2 * over.get("k_tiles_per_stage", 1)
         if stages is None:
             stages = max(2, min(8, RING_BYTES // stage))
         cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)

@@ -1,0 +1,53 @@
+"""Interleaved A/B timing of qkv_front variants (overrides of the launch config) and cuBLAS, one
+CUDA graph per (M, variant) over rotating weight copies, timed round-robin (AB_ROUNDS rounds,
+median of the rounds' medians). AB_M: M values; AB_VARIANTS: ';'-separated override dicts in
+Python syntax ({} = the default). Checks every variant's y against the default's bits first
+(the split override changes the bits by design: it is only compared within tolerance)."""
+import ast
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from bench import cases as C, timing as T  # noqa: E402
+from muse_ops.cutedsl import qkv_front as Q  # noqa: E402
+from muse_ops.errors import error_flag  # noqa: E402
+from muse_ops.testing import qkv_front_f64, tolerance_report  # noqa: E402
+
+ms = [int(v) for v in os.environ.get("AB_M", "8").split(",")]
+variants = [ast.literal_eval(v) for v in os.environ.get("AB_VARIANTS", "{}").split(";")]
+rounds = int(os.environ.get("AB_ROUNDS", "3"))
+kv_heads = int(os.environ.get("AB_HKV", "2"))
+dev = torch.device("cuda")
+err = error_flag(dev)
+for m in ms:
+    case = C.QkvCase(m, kv_heads=kv_heads)
+    inp = C.build_qkv(case, dev, T.l2_bytes(dev))
+    ys = [torch.empty(m, inp.weights[0].shape[0], dtype=torch.bfloat16, device=dev) for _ in range(inp.sets)]
+    ref64 = qkv_front_f64(inp.xs[0], inp.weights[0], inp.positions[0], inp.cos_sin, kv_heads)
+    graphs, base = [], None
+    for v in variants:
+        def fn(i, v=v):
+            Q.launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], inp.cos_sin,
+                               inp.kv_cache, ys[i], err, _cfg_override=dict(v))
+            return ys[i]
+        y0 = fn(0).clone()
+        if v.get("epilogue", True):
+            rep = tolerance_report(y0, ref64)
+            same = "" if base is None else (" same bits" if torch.equal(y0.view(torch.int16), base.view(torch.int16))
+                                           else " DIFFERENT bits")
+            base = y0 if base is None else base
+            print(f"M={m} {v}: within tolerance {rep['ok']} (max {rep['max_abs']:.2e}){same}", flush=True)
+        graphs.append(T.capture_calls(fn, inp.sets))
+    cub = T.capture_calls(lambda i: torch.matmul(inp.xs[i], inp.weights[i].t()), inp.sets)
+    times = [[] for _ in range(len(graphs) + 1)]
+    for _ in range(rounds):
+        for k, (g, calls) in enumerate(graphs + [cub]):
+            times[k].append(T.time_graph_us(g, calls, inp.sets, replays=15)["us"])
+    for v, t in zip(variants + ["cublas matmul"], times):
+        print(f"M={m:4d} {str(v):60s} {statistics.median(t):8.2f} us  ({' '.join(f'{x:.2f}' for x in t)})", flush=True)
+    del graphs, cub, inp, ys
+    torch.cuda.empty_cache()
+print("error flag", int(err.item()))
