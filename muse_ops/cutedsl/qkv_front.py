@@ -67,7 +67,7 @@ from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, se
 from .qkv_front_plan import (K_TILE, K_TILES, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
                              deployment_variants, k_split, launch_config)
 
-ROW_THREADS = 8                 # threads per (token, head) row of the epilogue
+ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
 _INDEX = {"int32": Int32, "int64": Int64}
 
@@ -81,21 +81,22 @@ def _st_global_v4(addr: Int64, v0: Uint32, v1: Uint32, v2: Uint32, v3: Uint32):
 
 @cute.jit
 def _row_norm(v: cute.Tensor):
-    """rsqrt(mean(v^2) + eps) of a 64-column row whose 8 columns v this thread holds: squares in
-    column order, then a butterfly over the row's 8 lanes (every lane gets the same value)."""
+    """rsqrt(mean(v^2) + eps) of a 64-column row whose ROW_COLS columns v this thread holds:
+    squares in column order, then a butterfly over the row's quad (every lane gets the value)."""
     ss = mul_rn(v[0], v[0])
     for c in cutlass.range_constexpr(1, ROW_COLS):
         ss = fma_rn(v[c], v[c], ss)
-    for b in cutlass.range_constexpr(3):          # lanes 8 apart belong to other rows
+    for b in cutlass.range_constexpr(2):          # lanes 4 apart belong to other rows
         ss = add_rn(ss, cute.arch.shuffle_sync_bfly(ss, offset=1 << b))
     return cute.math.rsqrt(fma_rn(ss, Float32(1.0 / HEAD_DIM), Float32(RMS_EPS)), fastmath=True)
 
 
 @cute.jit
 def _store_row(addr: Int64, v: cute.Tensor):
-    """bf16(v) (8 fp32) as 16 bytes at a global address."""
-    _st_global_v4(addr, pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
-                  pack_bf16x2(v[6], v[7]))
+    """bf16(v) (ROW_COLS fp32) as ROW_COLS * 2 bytes at a 16-byte aligned global address."""
+    for q in cutlass.range_constexpr(ROW_COLS // 8):
+        _st_global_v4(addr + 16 * q, pack_bf16x2(v[8 * q], v[8 * q + 1]), pack_bf16x2(v[8 * q + 2], v[8 * q + 3]),
+                      pack_bf16x2(v[8 * q + 4], v[8 * q + 5]), pack_bf16x2(v[8 * q + 6], v[8 * q + 7]))
 
 
 class QkvFrontSm90:
@@ -159,6 +160,8 @@ class QkvFrontSm90:
         sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
         sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
         sP = cute.make_tensor(cute.recast_ptr(sW.iterator, dtype=Float32), cute.make_layout(HPC * T * PARTIAL_ROW))
+        sSlot = smem.allocate_tensor(Int64, cute.make_layout(T), byte_alignment=16)   # the tile's slots
+        sPos = smem.allocate_tensor(Int32, cute.make_layout(T), byte_alignment=16)    # and RoPE rows
         if warp == self.producer_warp:
             cpasync.prefetch_descriptor(tma_w)
             cpasync.prefetch_descriptor(tma_x)
@@ -175,7 +178,8 @@ class QkvFrontSm90:
         n_k = (rank + 1) * K_TILES // split - kt_lo
 
         if warp == self.producer_warp:
-            self.produce(tma_w, mW_tma, tma_x, mX_tma, sW, sX, full, empty, head_group, tile, kt_lo, n_k)
+            self.produce(tma_w, mW_tma, tma_x, mX_tma, sW, sX, full, empty, head_group, tile, kt_lo, n_k,
+                         mPos, mSlot, mCS, mErr, sSlot, sPos, mY.shape[0])
         else:
             self.consume(sW, sX, sP, full, empty, n_k, warp // 4, tidx % 128)
             if const_expr(self.cfg.pdl and self.cfg.trigger):
@@ -187,7 +191,7 @@ class QkvFrontSm90:
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()   # before the first global access of these threads
             if const_expr(self.cfg.epilogue):
-                self.reduce_and_store(sP, mPos, mSlot, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
+                self.reduce_and_store(sP, sSlot, sPos, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
         # every DSMEM load above has returned (its value was stored), so a relaxed arrive lets the
         # peers go; the wait keeps this CTA's partial alive until they have read it
         cute.arch.cluster_arrive_relaxed()
@@ -196,9 +200,11 @@ class QkvFrontSm90:
     @cute.jit
     def produce(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
                 sW: cute.Tensor, sX: cute.Tensor, full, empty, head_group: Int32, tile: Int32, kt_lo: Int32,
-                n_k: Int32):
+                n_k: Int32, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
+                sSlot: cute.Tensor, sPos: cute.Tensor, m: Int32):
         """The producer warp: per K tile, HPC weight boxes (64 x 64) and one x box (T x 64), KPS
-        tiles to a stage. The weights of the first stages go out before griddepcontrol.wait."""
+        tiles to a stage. The weights of the first stages go out before griddepcontrol.wait; once
+        the ring is full, the epilogue's indices are staged (stage_indices)."""
         T, HPC, ST, KPS = self.token_tile, self.heads_per_cta, self.stages, self.kps
         gW = cute.flat_divide(mW_tma, (HEAD_DIM, K_TILE))          # (64, 64, heads, 128)
         gX = cute.flat_divide(mX_tma, (T, K_TILE))                 # (T, 64, token tiles, 128)
@@ -224,6 +230,7 @@ class QkvFrontSm90:
                 if i * KPS + j < n_k:
                     cute.copy(tma_x, tXg[None, tile, kt_lo + i * KPS + j], tXs[None, i * KPS + j],
                               tma_bar_ptr=full + i)
+        self.stage_indices(mPos, mSlot, mCS, mErr, sSlot, sPos, m, tile)   # the ring is in flight meanwhile
         for i in cutlass.range(n_pre, n_stages, unroll=1):
             s = i % ST
             cute.arch.mbarrier_wait(empty + s, (i // ST + 1) % 2)   # its previous use is released
@@ -281,12 +288,32 @@ class QkvFrontSm90:
             tPs[i] = acc[i]
 
     @cute.jit
-    def reduce_and_store(self, sP: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor,
+    def stage_indices(self, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
+                      sSlot: cute.Tensor, sPos: cute.Tensor, m: Int32, tile: Int32):
+        """The producer warp, while the first stages are in flight: the tile's slots and RoPE rows
+        into shared memory, so the epilogue's only global loads are cos_sin rows. A position
+        outside cos_sin becomes row 0 and sets BAD_POSITION."""
+        lane = cute.arch.lane_idx()
+        n_pos = Int64(mCS.shape[0])
+        for i in cutlass.range(lane, self.token_tile, 32, unroll=1):
+            token = cutlass.min(tile * self.token_tile + i, m - 1)
+            sSlot[i] = Int64(mSlot[token])
+            if const_expr(self.rope):
+                pos = Int64(mPos[token])
+                ok = Int32(pos >= 0) * Int32(pos < n_pos)
+                if ok == 0:
+                    pos = Int64(0)
+                    if tile * self.token_tile + i < m:
+                        set_error_bit(mErr, BAD_POSITION)
+                sPos[i] = Int32(pos)
+
+    @cute.jit
+    def reduce_and_store(self, sP: cute.Tensor, sSlot: cute.Tensor, sPos: cute.Tensor, mCS: cute.Tensor,
                          mCache: cute.Tensor, mY: cute.Tensor, mErr: cute.Tensor, split: Int32, rank: Int32,
                          head_group: Int32, tile: Int32, tidx: Int32):
         """The rows this rank owns (tokens t = rank + split j of the tile, each of the HPC heads):
         the split-K sum of the cluster's partials in rank order, bf16, then norm / RoPE by head
-        kind, y, and the cache row of k and v heads. 8 lanes per row, ROW_COLS columns each."""
+        kind, y, and the cache row of k and v heads. A quad of lanes per row, ROW_COLS columns each."""
         T, HPC = self.token_tile, self.heads_per_cta
         m = mY.shape[0]
         n = mY.shape[1]
@@ -301,13 +328,22 @@ class QkvFrontSm90:
         y_base = mY.iterator.toint()
         cache_base = mCache.iterator.toint()
         for base in cutlass.range(0, rows, self.rows_per_pass, unroll=1):
-            # lanes past the last row repeat it (the butterfly needs all 8 lanes of a row) but store nothing
+            # lanes past the last row repeat it (the butterfly needs the whole quad) but store nothing
             active = Int32(base + lane_row < rows)
             row = cutlass.min(base + lane_row, rows - 1)
             t = rank + split * (row // HPC)
             hh = row % HPC
             token = tile * T + t
             head = head_group * HPC + hh
+            is_qk = Int32(head < hq + hkv)
+            # ---- the global loads first (cos_sin rows), so their latency overlaps the DSMEM loads
+            cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+            sin = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+            if const_expr(self.rope):
+                pos = sPos[t]
+                quarter = col // ROW_COLS      # frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1
+                cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
+                cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None], sin)
             # ---- split-K sum: the partials in rank order, one rounding per add
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             acc.fill(0.0)
@@ -326,7 +362,6 @@ class QkvFrontSm90:
             p.store(pb.load().to(Float32))
             # ---- q and k heads: norm (+ RoPE); v and gate heads: p. Every lane computes the norm
             # (the rows of one warp may be of different kinds; the butterfly needs the whole warp)
-            is_qk = Int32(head < hq + hkv)
             rs = _row_norm(p)
             normed = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             for c in cutlass.range_constexpr(ROW_COLS):
@@ -336,7 +371,11 @@ class QkvFrontSm90:
             out = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             out.store(nb.load().to(Float32))
             if const_expr(self.rope):
-                self.rotate(out, mPos, mCS, mErr, token, col, is_qk * active)
+                for i in cutlass.range_constexpr(ROW_COLS // 2):    # pairs (2i, 2i+1), rounded by the store
+                    even = out[2 * i]
+                    odd = out[2 * i + 1]
+                    out[2 * i] = fma_rn(even, cos[i], -mul_rn(odd, sin[i]))
+                    out[2 * i + 1] = fma_rn(odd, cos[i], mul_rn(even, sin[i]))
             for c in cutlass.range_constexpr(ROW_COLS):
                 out[c] = select(is_qk, out[c], p[c])
             # ---- y, then the cache row of a k or v head
@@ -345,7 +384,7 @@ class QkvFrontSm90:
                 is_k = Int32(head >= hq) * is_qk
                 is_v = Int32(head >= hq + hkv) * Int32(head < hq + 2 * hkv)
                 if is_k + is_v != 0:
-                    slot = Int64(mSlot[token])
+                    slot = sSlot[t]
                     if slot >= 0:
                         if slot < capacity:
                             kv_head = head - hq - is_v * hkv
@@ -356,31 +395,6 @@ class QkvFrontSm90:
                         else:
                             if col == 0:
                                 set_error_bit(mErr, BAD_SLOT)
-
-    @cute.jit
-    def rotate(self, v: cute.Tensor, mPos: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor, token: Int32,
-               col: Int32, flag: Int32):
-        """Interleaved RoPE in place on the thread's columns col .. col + 7 (pairs (2i, 2i+1),
-        frequencies col / 2 .. col / 2 + 3) of a normed head row, rounded to bf16 by the store.
-        A position outside cos_sin reads row 0 and, where flag, sets BAD_POSITION."""
-        pos = Int64(mPos[token])
-        n_pos = Int64(mCS.shape[0])
-        ok = Int32(pos >= 0) * Int32(pos < n_pos)
-        if ok == 0:
-            pos = Int64(0)
-            if flag != 0:
-                if col == 0:
-                    set_error_bit(mErr, BAD_POSITION)
-        cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
-        sin = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
-        quarter = col // ROW_COLS       # 4 frequencies from col / 2: a 16-byte piece of the row
-        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (Int32(pos), quarter))[0, None], cos)
-        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (Int32(pos), quarter + ROW_THREADS))[0, None], sin)
-        for i in cutlass.range_constexpr(ROW_COLS // 2):
-            even = v[2 * i]
-            odd = v[2 * i + 1]
-            v[2 * i] = fma_rn(even, cos[i], -mul_rn(odd, sin[i]))
-            v[2 * i + 1] = fma_rn(odd, cos[i], mul_rn(even, sin[i]))
 
 
 # ------------------------------------------------------------------------------------ host

@@ -22,10 +22,13 @@ RING_BYTES = 192 * 1024          # shared memory for the ring (and, after the ma
 PARTIAL_ROW = HEAD_DIM + 4       # fp32 per (token, head) row of a partial in smem (+4: fewer bank conflicts)
 INDEX_DTYPES = ("int32", "int64")
 
-# (token tile, heads per CTA) by the largest M a variant serves; above 128 tokens a CTA computes two
-# heads, so x is read from L2 half as often (the large-M cases are L2-bandwidth bound)
-TILES = ((8, 8, 1), (16, 16, 1), (32, 32, 1), (64, 64, 1), (128, 128, 1), (256, 128, 2))
-TILE_SHAPES = tuple(sorted({(t, h) for _, t, h in TILES} | {(256, 2)}))
+# (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Above
+# 128 tokens a CTA computes two heads, so x is read from L2 half as often (the large-M cases are
+# L2-bandwidth bound); small tiles take 4 K tiles a stage (fewer, longer wgmma groups: the small-M
+# main loop is otherwise latency bound). Measured: bench/RESULTS.md.
+TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 4), (64, 64, 1, 2), (128, 128, 1, 1), (256, 128, 2, 1),
+         (1 << 62, 256, 2, 1))
+TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
 
 
 def heads(kv_heads: int) -> int:
@@ -90,12 +93,12 @@ class QkvFrontConfig:
         return cfg
 
 
-def tile_for(m: int) -> tuple[int, int]:
-    """(token tile, heads per CTA) of a launch of m tokens: a host decision on M alone."""
-    for limit, tile, hpc in TILES:
+def tile_for(m: int) -> tuple[int, int, int]:
+    """(token tile, heads per CTA, K tiles per stage) of a launch of m tokens: on M alone."""
+    for limit, tile, hpc, kps in TILES:
         if m <= limit:
-            return tile, hpc
-    return TILES[-1][1], TILES[-1][2]
+            return tile, hpc, kps
+    raise AssertionError(m)
 
 
 def _dtype_name(t) -> str:
@@ -103,8 +106,14 @@ def _dtype_name(t) -> str:
 
 
 def launch_config(m: int, rope: bool, positions_dtype, slots_dtype, override: dict | None = None) -> QkvFrontConfig:
+    """The variant a launch of m tokens runs; override (dev tools, tests) forces a tile
+    ("tile": (T, heads)) or another knob of the config."""
     over = dict(override or {})
-    tile, hpc = over.pop("tile", tile_for(m))
+    tile, hpc, kps = tile_for(m)
+    if "tile" in over:
+        tile, hpc = over.pop("tile")
+        kps = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1)
+    over.setdefault("k_tiles_per_stage", kps)
     return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
 
 
@@ -112,12 +121,13 @@ def deployment_variants(kv_heads: int, rope: bool) -> list[QkvFrontConfig]:
     """Every variant a deployment may launch for M = 1 .. any: one per token tile, for int64
     positions and slots (as muse_ops.PagedBatch builds them) and for int32 (what some engines
     pass). Mixed index dtypes compile on first use. kv_heads is a run-time dimension."""
-    return [QkvFrontConfig.create(tile, hpc, rope, d, d) for _, tile, hpc in TILES for d in INDEX_DTYPES]
+    return [QkvFrontConfig.create(tile, hpc, rope, d, d, k_tiles_per_stage=kps) for _, tile, hpc, kps in TILES
+            for d in INDEX_DTYPES]
 
 
 def ci_variants() -> list[QkvFrontConfig]:
     """What CI compiles on the CPU: every tile shape, RoPE on and off, every index dtype pair."""
-    return [QkvFrontConfig.create(tile, hpc, rope, p, s) for tile, hpc in TILE_SHAPES
+    return [QkvFrontConfig.create(tile, hpc, rope, p, s, k_tiles_per_stage=kps) for _, tile, hpc, kps in TILES
             for rope in (False, True) for p in INDEX_DTYPES for s in INDEX_DTYPES]
 
 
