@@ -69,6 +69,7 @@ from .qkv_front_plan import (K_TILE, K_TILES, PARTIAL_ROW, QkvFrontConfig, ci_va
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
+RANK_GROUP = 4                  # split-K partials loaded together in the sum
 _INDEX = {"int32": Int32, "int64": Int64}
 
 
@@ -273,10 +274,15 @@ class QkvFrontSm90:
                         cute.gemm(atom, acc, tCrW[None, None, kb, (s * KPS + j) * HPC + wg],
                                   tCrX[None, None, kb, s * KPS + j], acc)
             warpgroup.commit_group()
-            warpgroup.wait_group(1)          # the previous tile's wgmmas have read their stage
-            if i > 0:
+            if const_expr(self.cfg.mma_lag == 1):
+                warpgroup.wait_group(1)      # the previous stage's wgmmas have read it: free it
+                if i > 0:
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(empty + (i - 1) % ST)
+            else:
+                warpgroup.wait_group(0)      # memory-bound tiles: free this stage at once
                 if lane == 0:
-                    cute.arch.mbarrier_arrive(empty + (i - 1) % ST)
+                    cute.arch.mbarrier_arrive(empty + s)
         warpgroup.wait_group(0)
         # every consumer warpgroup is done with the ring (every stage was waited for, so the
         # producer's copies have landed): the partial may overwrite it
@@ -344,18 +350,23 @@ class QkvFrontSm90:
                 quarter = col // ROW_COLS      # frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1
                 cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
                 cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None], sin)
-            # ---- split-K sum: the partials in rank order, one rounding per add
+            # ---- split-K sum: the partials in rank order, one rounding per add; the loads of up to
+            # RANK_GROUP ranks go out together (one DSMEM latency per group, not one per rank)
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             acc.fill(0.0)
+            part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, RANK_GROUP), stride=(1, ROW_COLS)), Float32)
             offset = (hh * T + t) * PARTIAL_ROW + col
-            for r in cutlass.range(split, unroll=1):
-                addr = cute.arch.map_dsmem_ptr(sP.iterator + offset, r).toint()
-                for q in cutlass.range_constexpr(ROW_COLS // 4):
-                    a0, a1, a2, a3 = ld_dsmem_f32x4(addr + 16 * q)
-                    acc[4 * q] = add_rn(acc[4 * q], a0)
-                    acc[4 * q + 1] = add_rn(acc[4 * q + 1], a1)
-                    acc[4 * q + 2] = add_rn(acc[4 * q + 2], a2)
-                    acc[4 * q + 3] = add_rn(acc[4 * q + 3], a3)
+            for r0 in cutlass.range(0, split, RANK_GROUP, unroll=1):
+                for g in cutlass.range_constexpr(RANK_GROUP):
+                    peer = cutlass.min(r0 + g, split - 1)   # a rank past the split is loaded, not added
+                    addr = cute.arch.map_dsmem_ptr(sP.iterator + offset, peer).toint()
+                    for q in cutlass.range_constexpr(ROW_COLS // 4):
+                        part[4 * q, g], part[4 * q + 1, g], part[4 * q + 2, g], part[4 * q + 3, g] = \
+                            ld_dsmem_f32x4(addr + 16 * q)
+                for g in cutlass.range_constexpr(RANK_GROUP):
+                    if r0 + g < split:
+                        for c in cutlass.range_constexpr(ROW_COLS):
+                            acc[c] = add_rn(acc[c], part[c, g])
             pb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
             pb.store(acc.load().to(BFloat16))
             p = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)

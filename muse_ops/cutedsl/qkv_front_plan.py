@@ -18,7 +18,7 @@ K_TILE = 64                      # k columns per ring stage: one 128-byte swizzl
 K_TILES = HIDDEN // K_TILE       # 128
 SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
 MAX_K_SPLIT = 8                  # portable cluster size
-RING_BYTES = 192 * 1024          # shared memory for the ring (and, after the main loop, the partials)
+SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB (barriers, indices, alignment)
 PARTIAL_ROW = HEAD_DIM + 4       # fp32 per (token, head) row of a partial in smem (+4: fewer bank conflicts)
 INDEX_DTYPES = ("int32", "int64")
 
@@ -59,6 +59,7 @@ class QkvFrontConfig:
     pos_dtype: str        # "int32" or "int64"
     slot_dtype: str
     k_tiles_per_stage: int = 1   # 64-column K tiles per ring stage (one barrier and wgmma group per stage)
+    mma_lag: int = 1      # wgmma groups left in flight when a stage is released (0: released at once)
     pdl: bool = True      # programmatic dependent launch: only weight loads before griddepcontrol.wait
     trigger: bool = True  # let the next kernel on the stream launch after the main loop
     epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
@@ -85,11 +86,12 @@ class QkvFrontConfig:
         assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
         stage = (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2 * over.get("k_tiles_per_stage", 1)
-        if stages is None:
-            stages = max(2, min(8, RING_BYTES // stage))
+        if stages is None:   # as deep as shared memory allows, up to 8 stages
+            stages = max(2, min(8, SMEM_LIMIT // stage))
         cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)
         # the partials of the split-K sum reuse the ring once the main loop is done
         assert cfg.stages * cfg.stage_bytes >= cfg.partial_bytes, cfg
+        assert cfg.stages * cfg.stage_bytes <= SMEM_LIMIT, f"{cfg}: the ring exceeds shared memory"
         return cfg
 
 
