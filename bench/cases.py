@@ -28,11 +28,11 @@ MIXED_SEED = 1234
 
 ATTN2_CASES = [(1, 512, 0), (1, 8192, 0), (8, 2048, 0), (32, 4096, 0), (64, 8192, 0), (128, 16384, 0),
                (16, 65536, 0), (64, 8192, 2048), (128, 16384, 2048), (1, 131072, 0), ("mixed64", 32768, 0)]
-QKV_CASES = [1, 8, 16, 64, 256]
+QKV_CASES = [1, 8, 16, 64, 256, 512, (8, 1), (8, 4), (8, 16)]   # M, or (M, Hkv); Hkv 2 otherwise
 QUICK_CPU_ATTN2 = [(1, 64, 0), (2, 40, 16)]
 QUICK_CPU_QKV = [1, 8]
 QUICK_GPU_ATTN2 = [(1, 512, 0), (1, 8192, 0), (64, 8192, 2048), ("mixed64", 32768, 0)]
-QUICK_GPU_QKV = [8, 64]
+QUICK_GPU_QKV = [8, 64, 512]
 
 
 def pages_for(n: int) -> int:
@@ -89,12 +89,17 @@ class QkvCase:
 
     @property
     def name(self) -> str:
-        return f"M={self.m}"
+        return f"M={self.m}" + (f" Hkv={self.kv_heads}" if self.kv_heads != KV_HEADS else "")
 
     def bytes(self) -> int:
         """weight (N x 8192 x 2) + x + y + cache rows."""
         n = proj_cols(self.kv_heads)
         return n * HIDDEN * 2 + self.m * HIDDEN * 2 + self.m * n * 2 + self.m * self.kv_heads * 2 * HEAD_DIM * 2
+
+
+def qkv_case(spec) -> QkvCase:
+    m, kv_heads = spec if isinstance(spec, tuple) else (spec, KV_HEADS)
+    return QkvCase(m, kv_heads=kv_heads)
 
 
 def rotation_sets(per_set_touched: int, per_set_pool: int, l2: int, max_sets: int = MAX_SETS) -> int:

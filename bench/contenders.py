@@ -23,6 +23,7 @@ qkv_front (x, W -> y, cache insert):
   muse:<backend>     muse_ops.qkv_front, every available backend
   cublas+triton      torch.matmul (cuBLAS) then bench/stock_triton.qk_norm_rope_insert (in place,
                      inserting into FA4-layout K/V caches)
+  cublas             torch.matmul alone (no epilogue): a bound, not counted as a peer
   compile(ref)       torch.compile of muse_ops' reference qkv_front
 """
 from __future__ import annotations
@@ -276,7 +277,7 @@ def _flex_contig(inp: Attn2Inputs, device):
 def qkv_contenders(device) -> list[str]:
     names = ["muse:cutedsl", "muse:reference"]
     if torch.device(device).type == "cuda":
-        names += ["cublas+triton", "compile(ref)"]
+        names += ["cublas+triton", "cublas", "compile(ref)"]
     return names
 
 
@@ -305,6 +306,8 @@ def build_qkv_contender(name: str, inp: QkvInputs, device):
             return stock_triton.qk_norm_rope_insert(p, inp.positions[i], inp.slots[i], inp.cos_sin, kc, vc,
                                                     c.kv_heads)
         return fn
+    if name == "cublas":   # the projection alone: a bound for any path that starts with cuBLAS
+        return lambda i: torch.matmul(inp.xs[i], inp.weights[i].t())
     if name == "compile(ref)":
         from muse_ops.reference import qkv_front_ref
         compiled = torch.compile(qkv_front_ref, dynamic=False)

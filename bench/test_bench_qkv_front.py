@@ -5,7 +5,7 @@ from . import cases as C
 from . import contenders as K
 from ._pb import ident, run
 
-CASES = [C.QkvCase(m) for m in C.QKV_CASES]
+CASES = [C.qkv_case(m) for m in C.QKV_CASES]
 NAMES = K.qkv_contenders("cuda")
 
 

@@ -351,18 +351,19 @@ class QkvFrontSm90:
                 cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
                 cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None], sin)
             # ---- split-K sum: the partials in rank order, one rounding per add; the loads of up to
-            # RANK_GROUP ranks go out together (one DSMEM latency per group, not one per rank)
+            # RANK_GROUP ranks go out together (one DSMEM latency per group, not one per rank).
+            # At large M this sum is bound by DSMEM bandwidth (bench/RESULTS.md)
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             acc.fill(0.0)
             part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, RANK_GROUP), stride=(1, ROW_COLS)), Float32)
             offset = (hh * T + t) * PARTIAL_ROW + col
             for r0 in cutlass.range(0, split, RANK_GROUP, unroll=1):
                 for g in cutlass.range_constexpr(RANK_GROUP):
-                    peer = cutlass.min(r0 + g, split - 1)   # a rank past the split is loaded, not added
-                    addr = cute.arch.map_dsmem_ptr(sP.iterator + offset, peer).toint()
-                    for q in cutlass.range_constexpr(ROW_COLS // 4):
-                        part[4 * q, g], part[4 * q + 1, g], part[4 * q + 2, g], part[4 * q + 3, g] = \
-                            ld_dsmem_f32x4(addr + 16 * q)
+                    if r0 + g < split:      # the sum is bound by DSMEM bandwidth: no load is wasted
+                        addr = cute.arch.map_dsmem_ptr(sP.iterator + offset, r0 + g).toint()
+                        for q in cutlass.range_constexpr(ROW_COLS // 4):
+                            part[4 * q, g], part[4 * q + 1, g], part[4 * q + 2, g], part[4 * q + 3, g] = \
+                                ld_dsmem_f32x4(addr + 16 * q)
                 for g in cutlass.range_constexpr(RANK_GROUP):
                     if r0 + g < split:
                         for c in cutlass.range_constexpr(ROW_COLS):
