@@ -1,20 +1,47 @@
 """pip install -e .            the package (pure Python; runs on the reference backend anywhere)
 pip install -e .[cuda]      + nvidia-cutlass-dsl and apache-tvm-ffi for the CuTe DSL kernels (sm_90)
-pip install -e .[test]      + pytest, hypothesis
-pip install -e .[bench]     + pytest-benchmark (peers such as flash-attn-4 and triton are optional)
+pip install -e .[test]      + what the test suite needs (pytest, hypothesis, triton for the stock-path tests)
+pip install -e .[bench]     + pytest-benchmark (peers such as flash-attn-4 are optional)
 """
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="muse_ops",
-    version="0.1.0",
-    description="Fused attention ops (QKV front, paged verify/decode attention) of Muse Spark for Hopper",
+    version="0.2.0",
+    description="Fused attention ops (QKV front, paged verify/decode attention) of Muse Spark for Hopper GPUs",
+    long_description=(Path(__file__).parent / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    license_files=["LICENSE"],
+    project_urls={   # repository-relative: the documents travel with every clone and sdist
+        "Documentation": "docs/DESIGN.md",
+        "Benchmarks": "bench/RESULTS.md",
+        "Source": "README.md",
+    },
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: MIT License",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Environment :: GPU :: NVIDIA CUDA",
+    ],
     packages=find_packages(include=["muse_ops", "muse_ops.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.9"],
+    # numpy: torch warns at import ("Failed to initialize NumPy") where it is missing
+    install_requires=["torch>=2.9", "numpy"],
     extras_require={
         "cuda": ["nvidia-cutlass-dsl==4.8.1", "apache-tvm-ffi>=0.1.15"],
-        "test": ["pytest>=8", "hypothesis>=6.100", "numpy"],
+        # triton runs the stock-path epilogues of tests/test_stock_triton.py (its interpreter on a CPU);
+        # its wheels declare no dependency on torch, so this never pulls another torch
+        "test": ["pytest>=8", "hypothesis>=6.100", "triton>=3.2; platform_system == 'Linux'"],
         "bench": ["pytest-benchmark>=4"],
     },
 )

@@ -1,4 +1,4 @@
-"""Bench cases (DESIGN.md section 8), their inputs and the bytes each op must move.
+"""Bench cases (docs/DESIGN.md section 14), their inputs and the bytes each op must move.
 
 attn2: q_len 8, Hkv 2, page 16, bf16; (B, L, window) below plus a mixed batch (B=64, L uniform in
 [512, 32768], seed 1234). qkv_front: M tokens, Hkv 2, RoPE on (a sliding layer's front, the one

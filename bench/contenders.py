@@ -10,7 +10,7 @@ attn2 (y, paged cache -> out):
                      own [pages, 16, Hkv, 64] K and V caches holding the same data), causal, GQA,
                      window (W-1, 0); then bench/stock_triton.norm_gate. sm_90: FA4 has no split-KV
                      (num_splits=1, its default; its interface asserts on more), which is how it runs.
-  fa4 (attn only)    the same FA4 call without the epilogue (compare with DESIGN.md's numbers)
+  fa4 (attn only)    the same FA4 call without the epilogue (FA4's own attention time)
   flex(paged)        torch.nn.attention.flex_attention under torch.compile (its decode kernel
                      splits KV), paged the way torch's PagedAttention helper pages it: one
                      physical [1, Hkv, pages*16, 64] K/V, a BlockMask whose KV blocks are pages
@@ -225,7 +225,7 @@ def _norm_gate_torch(o, y, B, ql, hq, kvh):
 
 def _flex_contig(inp: Attn2Inputs, device):
     """Flex on contiguous per-request K/V [B, Hkv, Lmax, 64] (each set gathered from its pages
-    beforehand): no paging cost at all, an optimistic bound for Flex (DESIGN.md's Flex numbers)."""
+    beforehand): no paging cost at all, an optimistic bound for Flex."""
     flex = _flex_api()
     BlockMask, create_block_mask, flex_attention = flex.BlockMask, flex.create_block_mask, flex.flex_attention
     c = inp.case

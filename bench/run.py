@@ -1,19 +1,19 @@
 """python -m muse_ops bench [--device cuda|cpu] [--quick] [--json PATH] [--markdown PATH] [--cases ...]
 
-The side-by-side table of DESIGN.md section 8: each case timed by CUDA-graph replay over rotating
+The side-by-side table of docs/DESIGN.md section 14: each case timed by CUDA-graph replay over rotating
 input sets (cold L2, see bench/timing.py and bench/cases.py), for every muse_ops backend and the
 peers (bench/contenders.py), with the floors measured in the same run.
 
-The full GPU run (one command on the H200; JSON and the markdown section come back under $OUT):
+On a GPU (about 2-4 minutes on an H200):
 
-    . .device/prelude.sh && python3 -m muse_ops bench --json $OUT/bench.json --markdown $OUT/bench.md
+    python -m muse_ops bench --json bench.json --markdown bench.md
 
-(about 3-4 minutes on the H200; --budget-s, default 540, stops starting new contenders in time
-for the 600 s limit and marks the rest "skipped"; JSON/markdown are saved after every case. If
-anything is skipped, run the rest with --cases into a second JSON.) Then, on the development
-machine, append the section to bench/RESULTS.md (several JSON files merge into one section):
+--budget-s (default 0: none) stops starting new contenders after that many seconds and marks the
+rest "skipped", for runs under a time limit; the JSON and markdown are saved after every case, so
+a run cut short keeps its rows. Several JSON files (e.g. a rerun of skipped cases with --cases)
+merge into one markdown section:
 
-    python -m bench.run --render <files_at>/bench.json [more.json] --append bench/RESULTS.md
+    python -m muse_ops bench --render bench.json [more.json] [--append bench/RESULTS.md]
 
 --cases picks cases by name fragment (e.g. --cases "B=1 " "W=2048" "M=8"); "attn2" / "qkv_front"
 select a whole op. --quick: a few cases. On CPU (--device cpu) tiny cases run on the reference
@@ -226,7 +226,7 @@ def render_markdown(result: dict) -> str:
             lines += [format_table(result[op], names, f"### {op} (us)"), ""]
             bad = [(r["case"], n) for r in result[op] for n, c in r.get("check", {}).items() if not c["ok"]]
             if bad:
-                lines += [f"Outside DESIGN.md section 7 tolerance vs the reference: {bad}", ""]
+                lines += [f"Outside the tolerance of docs/DESIGN.md section 9 (vs float64): {bad}", ""]
             errs = [(r["case"], n, v.get("absent") or v.get("error") or v.get("skipped")) for r in result[op]
                     for n, v in r["results"].items() if "us" not in v]
             seen = set()
@@ -249,10 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", default=None, help="write the dated RESULTS.md section here")
     ap.add_argument("--cases", nargs="*", default=None, help="case-name fragments, or attn2 / qkv_front")
     ap.add_argument("--contenders", nargs="*", default=None, help="contender-name fragments")
-    ap.add_argument("--budget-s", type=float, default=540.0,
-                    help="stop starting new contenders after this many seconds (0: no limit); "
-                         "the device machine kills a command at 600 s")
-    ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="stop starting new contenders after this many seconds and mark the rest skipped "
+                         "(0: no limit)")
+    ap.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 evaluation")
     ap.add_argument("--render", nargs="*", default=None, help="render JSON result(s) as one markdown section (no run)")
     ap.add_argument("--append", default=None, help="with --render: append the section to this file")
     a = ap.parse_args(argv)

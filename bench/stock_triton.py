@@ -1,4 +1,4 @@
-"""The stock epilogues of the peer path, as a serving engine runs them today (seed 003: SGLang's
+"""The stock epilogues of the peer path, as a serving engine runs them today (SGLang's
 FusedQKNorm + store_cache, and rms_norm_gate), written here as two one-launch Triton kernels:
 
   qk_norm_rope_insert(p, positions, slots, cos_sin, k_cache, v_cache)
@@ -9,7 +9,7 @@ FusedQKNorm + store_cache, and rms_norm_gate), written here as two one-launch Tr
       out = bf16(sigmoid(gate) * rmsnorm(o)) per 64-wide head, o the attention output [M, Hq*64]
       (bf16, as FlashAttention returns it), gate read from y's gate columns.
 
-Numerics follow muse_ops.reference (DESIGN.md sections 3 and 4): fp32 math, the normed head
+Numerics follow muse_ops.reference (docs/DESIGN.md sections 4 and 5): fp32 math, the normed head
 rounded to bf16 before RoPE, RoPE rounded to bf16. The caches are addressed through strides, so
 the same kernel fills FlashAttention's [pages, 16, Hkv, 64] K and V caches or the two halves of
 muse's [pages, Hkv, 16, 128] cache. Each program handles BH (token, head) pairs as a [BH, 64]

@@ -1,4 +1,4 @@
-"""pytest bench --benchmark-only -k attn2: attn2 and its peers per DESIGN.md section 8 case."""
+"""pytest bench --benchmark-only -k attn2: attn2 and its peers per bench case (bench/cases.py)."""
 import pytest
 
 from . import cases as C

@@ -1,12 +1,20 @@
-"""python -m muse_ops demo [...] | bench [...]"""
+"""python -m muse_ops {demo,bench} [options]"""
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 USAGE = """usage: python -m muse_ops {demo,bench} [options]
   demo    a few speculative-verify steps of a TP8-sized layer, checked against float64
-  bench   the side-by-side benchmark table (run from the source checkout: it lives in bench/)"""
+  bench   the side-by-side benchmark table (needs the source checkout: bench/ is not installed)
+'python -m muse_ops demo --help' and 'python -m muse_ops bench --help' list the options."""
+
+
+def _checkout_root() -> Path | None:
+    """The source checkout that holds bench/ beside the package (an editable or in-place install),
+    whatever the working directory."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "bench" / "run.py").is_file() else None
 
 
 def main(argv: list[str]) -> int:
@@ -14,19 +22,23 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    if cmd == "demo":
-        from .demo import main as demo_main
-        return demo_main(rest)
-    if cmd == "bench":
-        sys.path.insert(0, os.getcwd())  # bench/ is part of the checkout, not of the installed package
-        try:
+    try:
+        if cmd == "demo":
+            from .demo import main as demo_main
+            return demo_main(rest)
+        if cmd == "bench":
+            root = _checkout_root()
+            if root is None:
+                print("muse_ops bench: bench/ is part of the source checkout, not of the installed package; "
+                      "install the checkout (pip install -e .) and run it from any directory", file=sys.stderr)
+                return 2
+            sys.path.insert(0, str(root))
             from bench.run import main as bench_main
-        except ImportError as exc:
-            print(f"muse_ops bench: cannot import bench.run ({exc}); run it from the muse_ops checkout",
-                  file=sys.stderr)
-            return 2
-        return bench_main(rest)
-    print(USAGE, file=sys.stderr)
+            return bench_main(rest)
+    except (RuntimeError, ValueError) as exc:   # a backend that cannot run, bad input: one line, no traceback
+        print(f"muse_ops {cmd}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(f"muse_ops: unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
     return 2
 
 

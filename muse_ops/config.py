@@ -1,6 +1,6 @@
 """Model constants of Muse Spark attention and the deployment config of one layer.
 
-The constants are the model's (DESIGN.md section 1); the deployment config is what a serving
+The constants are the model's (docs/DESIGN.md section 2); the deployment config is what a serving
 engine fixes when it builds a layer: how many KV heads this rank holds, the verify block size,
 the sliding window, the longest request it will ever see, and the softmax scale. Kernel variants
 are picked from the deployment config only, never from tensor contents, so one captured CUDA

@@ -35,7 +35,11 @@ def run_demo(device: str = "auto", steps: int = 3, lengths=(40, 333, 1500, 2600)
                                                      max_batch=len(lengths)))):
         torch.manual_seed(seed)
         layer = MuseAttentionDecode(cfg, device=dev, backend=backend)
-        print(f"[{name} layer] attention backend: {layer.prepare()}")
+        report = layer.prepare()
+        built = ", ".join(f"{how} {sum(1 for v in report['variants'] if v['how'] == how)}"
+                          for how in ("compiled", "loaded", "memory")
+                          if any(v["how"] == how for v in report["variants"]))
+        print(f"[{name} layer] backends: {report['backends']}" + (f"; kernel variants: {built}" if built else ""))
         cache = allocate_kv_cache(num_pages, kv_heads, device=dev)
         cache.normal_(generator=None)  # history: N(0,1) keys and values
         lens = list(lengths)

@@ -167,7 +167,7 @@ def _plain_eager(*tensors) -> bool:
 
 
 def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, backend: str | None = None) -> torch.Tensor:
-    """y [M, 1152*Hkv] = q' | k' | v | gate of x [M, 8192] (docs/DESIGN.md, qkv_front); writes the
+    """y [M, 1152*Hkv] = q' | k' | v | gate of x [M, 8192] (docs/DESIGN.md section 4); writes the
     new keys and values into kv_cache [pages, Hkv, 16, 128] at slots (slot < 0: no insert)."""
     if _plain_eager(x, weight, positions, slots, cos_sin, kv_cache):
         return _qkv_front_impl(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
@@ -177,7 +177,7 @@ def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, backend: str | 
 def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: float, max_seq_len: int,
           workspace: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
     """out [q_len*R, 512*Hkv] = sigmoid(gate) * rmsnorm(paged causal attention of y's q rows)
-    (docs/DESIGN.md, attn2); y is qkv_front's output for the block."""
+    (docs/DESIGN.md section 5); y is qkv_front's output for the block."""
     if _plain_eager(y, kv_cache, page_table, seq_lens, workspace):
         if workspace is None:
             workspace = attn2_workspace(y.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)

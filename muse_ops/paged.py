@@ -1,5 +1,5 @@
 """A small paged-KV-cache helper: allocate the cache and lay out a batch's page tables, slots
-and positions, so users and tests do not hand-roll the index arithmetic of DESIGN.md section 2.
+and positions, so users and tests do not hand-roll the index arithmetic of docs/DESIGN.md section 3.
 
 A request of length L (cached tokens plus the new block of q_len) keeps token t at physical page
 page_table[r, t // 16], row t % 16; its flat cache slot is page * 16 + row. The new block's

@@ -1,4 +1,4 @@
-"""The float64 evaluation of both ops and the tolerance of docs/DESIGN.md (section 7): the one
+"""The float64 evaluation of both ops and the tolerance of docs/DESIGN.md (section 9): the one
 oracle every check of the repository uses (the tests, the demo, the benchmark's sanity pass).
 
 It restates the formulas directly, apart from `reference/` (which gathers whole pages and masks

@@ -1,4 +1,4 @@
-"""Input checks of both ops (DESIGN.md section 6), shared by the real ops and their fakes.
+"""Input checks of both ops (docs/DESIGN.md section 8), shared by the real ops and their fakes.
 
 `check_*_metadata` reads only dtype, shape, device and strides: it is free (no sync), works on
 fake tensors, and runs on every call. `check_*_contents` reads values (a host sync): the

@@ -1,5 +1,5 @@
 """GPU tests of the CuTe DSL attn2 kernel (muse_ops/cutedsl/attn2.py) against a float64
-evaluation of DESIGN.md section 4: accuracy, determinism, batch invariance, graph replay,
+evaluation of docs/DESIGN.md section 5: accuracy, determinism, batch invariance, graph replay,
 error flags, self-resetting workspace counters. Skips cleanly without CUDA / cutlass."""
 from __future__ import annotations
 

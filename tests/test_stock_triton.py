@@ -1,7 +1,7 @@
 """The benchmark's stock Triton epilogues (bench/stock_triton.py) against muse_ops' reference, at
-DESIGN.md section 7's tolerances. Without a GPU they run in Triton's interpreter
-(TRITON_INTERPRET=1, set before triton is imported), small shapes; CI installs triton for this
-(bench/requirements-ci.txt). Skipped with the reason when triton cannot be imported."""
+docs/DESIGN.md section 9's tolerances. Without a GPU they run in Triton's interpreter
+(TRITON_INTERPRET=1, set before triton is imported), small shapes; the test extra
+installs triton for this. Skipped with the reason when triton cannot be imported."""
 import os
 
 import pytest
@@ -17,15 +17,15 @@ from muse_ops.testing import MEAN_ATOL, assert_close  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not stock_triton.HAVE_TRITON,
                                 reason=f"triton not importable ({stock_triton.TRITON_IMPORT_ERROR}); "
-                                       "pip install triton (see bench/requirements-ci.txt)")
+                                       "pip install -e .[test] installs it")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # Triton's interpreter converts fp32 to bf16 by truncation (numpy), not round-to-nearest-even as
 # the GPU does (fp_downcast_rounding is ignored there); the kernels round twice (the normed head,
-# then RoPE), which biases the mean error to ~2.3e-3. The element bound is DESIGN.md's in both
-# modes; the mean bound is DESIGN.md's 2e-3 on a GPU and 4e-3 in the interpreter.
+# then RoPE), which biases the mean error to ~2.3e-3. The element bound is the contract's in both
+# modes; the mean bound is the contract's 2e-3 on a GPU and 4e-3 in the interpreter.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 MEAN_BOUND = 4e-3 if INTERPRETED else MEAN_ATOL
 

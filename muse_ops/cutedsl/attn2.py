@@ -1,7 +1,7 @@
 """muse::attn2 on Hopper (sm_90a): paged verify/decode attention fused with the per-head output
 RMS norm and the sigmoid gate, one CuTe DSL kernel launch.
 
-Math (DESIGN.md section 4, numerics of muse_ops/reference/attn2.py), per request r, KV head g,
+Math (docs/DESIGN.md section 5, numerics of muse_ops/reference/attn2.py), per request r, KV head g,
 query token t (position pos = L - q_len + t) and query head j (= g * 8 + j overall):
     o   = softmax(scale * q k^T) v over keys [max(0, pos - W + 1), pos] (W > 0) or [0, pos]
     out = bf16(sigmoid(gate) * rmsnorm(bf16(o)))     rmsnorm = o * rsqrt(mean(o^2) + 1e-5), fp32
@@ -15,9 +15,8 @@ Tensors (all contiguous, 16-byte aligned):
     workspace  uint8 [workspace_bytes(...)]    fp32 partials O and (m, l); uint32 counters at the end
     error_flag int32 [1]                       |= 1: L outside [q_len, max_seq_len]; |= 2: bad page
 
-Design (seed 000's split-KV with cluster and workspace merges, and wgmma + TMA instead of the
-seed's mma.sync + cp.async; one reduction tree per request instead of the seed's one-cluster /
-split variants):
+Design (split KV with cluster and workspace merges on wgmma + TMA; one reduction tree per
+request whatever the batch; docs/DESIGN.md section 11):
 - The reduction tree of a request depends on its own L and the deployment only (split_plan): its
   visible pages are cut into ring steps of SP pages; about steps // 32 nodes (1 to NODES_MAX = 8,
   so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub (1 for window deployments);

@@ -4,7 +4,7 @@ the reduction tree of a request (split_plan), the compile-time parameters of a v
 run. The ops, the backends and the tests read these on machines without the DSL too.
 
 The tree and its invariants are described in the kernel module's docstring; docs/DESIGN.md
-section 7 is the contract they implement.
+sections 5, 10 and 11 are the contract they implement.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """muse::qkv_front on Hopper (sm_90a): the fused QKV + output-gate projection, the per-head RMS
 norm of q and k, interleaved RoPE, the y store and the paged K/V insert, in one CuTe DSL launch.
 
-Math (docs/DESIGN.md, qkv_front; numerics of muse_ops/reference/qkv_front.py):
+Math (docs/DESIGN.md section 4; numerics of muse_ops/reference/qkv_front.py):
     p = bf16(x @ W^T)                    fp32 accumulation, K = 8192
     q', k' per 64-column head: n = bf16(p_h * rsqrt(mean(p_h^2) + 1e-5)); with RoPE on pairs
            (2i, 2i+1): bf16(n_2i c_i - n_2i+1 s_i), bf16(n_2i+1 c_i + n_2i s_i)
@@ -17,7 +17,7 @@ Tensors (contiguous, 16-byte aligned):
     y         bf16  [M, N]
     error     int32 [1]                    |= BAD_SLOT (slot >= pages * 16), |= BAD_POSITION
 
-Design (seed 001's split-K cluster, on wgmma for every M):
+Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 12):
 - The output is computed transposed ("swap AB"): a head's 64 weight rows are the M = 64 of a
   wgmma, the tokens its N (the token tile, 8 to 256), so one wgmma shape serves one token and
   512 alike, and the weight, the operand that is large, streams through once per token tile.
@@ -64,12 +64,12 @@ from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import compile_cache, runtime
 from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit
-from .qkv_front_plan import (K_TILE, K_TILES, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
+from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
                              deployment_variants, k_split, launch_config)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
-RANK_GROUP = 4                  # split-K partials loaded together in the sum
+RANK_GROUP = MAX_K_SPLIT        # split-K partials loaded together in the sum (every deployment's split)
 _INDEX = {"int32": Int32, "int64": Int64}
 
 

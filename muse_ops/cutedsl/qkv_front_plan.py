@@ -2,7 +2,7 @@
 import: the K split of a deployment, the variant a launch of M tokens takes, every variant a
 deployment may launch, and whether it can run here.
 
-What fixes the bits of a token's y and of its cache rows (docs/DESIGN.md, qkv_front): the K split
+What fixes the bits of a token's y and of its cache rows (docs/DESIGN.md section 10): the K split
 S (a function of Hkv only) and the order in which the S partial sums are added (rank order).
 What may change with M without changing them: the token tile (the N of the wgmma, 8 to 256) and
 the heads a CTA computes (1 or 2). See the kernel module's docstring for why.
@@ -17,7 +17,7 @@ from . import runtime
 K_TILE = 64                      # k columns per ring stage: one 128-byte swizzle row of bf16
 K_TILES = HIDDEN // K_TILE       # 128
 SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
-MAX_K_SPLIT = 8                  # portable cluster size
+MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_split)
 SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB (barriers, indices, alignment)
 PARTIAL_ROW = HEAD_DIM + 4       # fp32 per (token, head) row of a partial in smem (+4: fewer bank conflicts)
 INDEX_DTYPES = ("int32", "int64")
@@ -37,10 +37,13 @@ def heads(kv_heads: int) -> int:
 
 
 def k_split(kv_heads: int) -> int:
-    """CTAs that split K for one head (a cluster): as many as fill one wave of 132 SMs with one CTA
-    per SM, at most 8. It depends on Hkv only, never on M: it fixes the order of the K sums, so a
-    token gets the same bits in any batch (Hkv 1: 7, Hkv 2: 3, Hkv >= 4: 1)."""
-    return max(1, min(MAX_K_SPLIT, SM_TARGET // heads(kv_heads)))
+    """CTAs that split K for one head (a cluster): the largest of 3, 2, 1 that keeps one CTA per SM
+    of a 132-SM H100 / H200 (Hkv 1 and 2: 3, Hkv 3: 2, Hkv >= 4: 1). It depends on Hkv only, never
+    on M: it fixes the order of the K sums, so a token gets the same bits in any batch. Measured
+    (bench/RESULTS.md): at Hkv 2 a split of 3 beats 2, 4, 6 and 7 at every M; at Hkv 1 clusters of
+    6 or 7 do not all fit the GPCs at once (a second wave), and 3 beats 4 and 5."""
+    heads_ = heads(kv_heads)
+    return next(s for s in (MAX_K_SPLIT, 2, 1) if heads_ * s <= SM_TARGET or s == 1)
 
 
 def k_range(rank: int, split: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""attn2 in plain PyTorch (DESIGN.md section 4): the numerics spec of the verify attention.
+"""attn2 in plain PyTorch (docs/DESIGN.md section 5): the numerics spec of the verify attention.
 
 Row r * q_len + t of y is request r's token at position L - q_len + t. Query head h (KV head
 h // 8) sees keys [max(0, pos - W + 1), pos] with window W, [0, pos] without, and

@@ -1,4 +1,4 @@
-"""qkv_front in plain PyTorch (DESIGN.md section 3): the numerics spec of the fused front.
+"""qkv_front in plain PyTorch (docs/DESIGN.md section 4): the numerics spec of the fused front.
 
     p  = bf16(x @ weight^T)                      fp32 accumulation
     q', k' per head: n = bf16(p_h * rsqrt(mean(p_h^2) + eps))   then, with cos_sin, interleaved RoPE
