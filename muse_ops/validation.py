@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, SUPPORTED_Q_LENS, proj_cols
+from .config import CACHE_ROW, HEAD_DIM, HIDDEN, PAGE_SIZE, SUPPORTED_Q_LENS, proj_cols
 from .errors import MuseInputError
 
 _INDEX_DTYPES = (torch.int32, torch.int64)

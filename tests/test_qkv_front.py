@@ -1,5 +1,4 @@
 """muse::qkv_front on the reference backend against the float64 evaluation (muse_ops.testing), and its cache writes."""
-import pytest
 import torch
 from hypothesis import given, strategies as st
 
