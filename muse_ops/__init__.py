@@ -9,11 +9,12 @@ from .config import DeploymentConfig
 from .errors import MuseDeviceError, MuseInputError, device_errors, raise_device_errors
 from .module import MuseAttentionDecode
 from .ops import attn2, attn2_workspace, attn2_workspace_bytes, prepare, qkv_front
-from .paged import PagedBatch, allocate_kv_cache, block_positions, block_slots, random_page_table
+from . import testing, weights  # noqa: F401  (the float64 oracle; checkpoint projections -> a rank's layer)
+from .paged import PageAllocator, PagedBatch, allocate_kv_cache, block_positions, block_slots, random_page_table
 from .reference import rope_cos_sin
 
 __all__ = [
-    "DeploymentConfig", "MuseAttentionDecode", "MuseDeviceError", "MuseInputError", "PagedBatch",
+    "DeploymentConfig", "MuseAttentionDecode", "MuseDeviceError", "MuseInputError", "PageAllocator", "PagedBatch",
     "allocate_kv_cache", "attn2", "attn2_workspace", "attn2_workspace_bytes", "available_backends",
     "backend_report", "block_positions", "block_slots", "device_errors", "last_backend", "prepare",
     "qkv_front", "raise_device_errors", "random_page_table", "rope_cos_sin", "set_backend",

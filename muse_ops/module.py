@@ -17,8 +17,8 @@ import math
 import torch
 from torch import nn
 
-from . import ops
-from .config import HEAD_DIM, HIDDEN, DeploymentConfig, proj_cols, q_heads
+from . import ops, weights
+from .config import DEFAULT_SCALE, HEAD_DIM, HIDDEN, VERIFY_Q_LEN, DeploymentConfig, proj_cols, q_heads
 from .reference import rope_cos_sin
 
 
@@ -43,6 +43,27 @@ class MuseAttentionDecode(nn.Module):
                 self.cos_sin = None
             self.register_buffer("workspace", self._new_workspace(device), persistent=False)
             self.reset_parameters()
+
+    @classmethod
+    @torch.no_grad()
+    def from_projections(cls, q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch.Tensor,
+                         gate_proj: torch.Tensor, o_proj: torch.Tensor | None = None, *, tp_rank: int = 0,
+                         tp_size: int = 1, window: int = 0, q_len: int = VERIFY_Q_LEN, max_seq_len: int = 32768,
+                         max_batch: int = 256, scale: float = DEFAULT_SCALE, rope: bool | None = None,
+                         device=None, backend: str | None = None) -> "MuseAttentionDecode":
+        """The layer of rank tp_rank of tp_size built from a checkpoint's separate projections of
+        all heads (muse_ops.weights says which heads a rank keeps and how the fused rows are laid
+        out). With o_proj, forward returns this rank's share of the output projection (the caller
+        sums the ranks', as for any row-parallel linear)."""
+        total_kv = k_proj.shape[0] // HEAD_DIM
+        fused = weights.fuse_projections(q_proj, k_proj, v_proj, gate_proj, tp_rank, tp_size)
+        cfg = DeploymentConfig(kv_heads=total_kv // tp_size, q_len=q_len, window=window, max_seq_len=max_seq_len,
+                               scale=scale, max_batch=max_batch, rope=rope)
+        layer = cls(cfg, o_proj=o_proj is not None, device=device, backend=backend)
+        layer.qkv_weight.copy_(fused)
+        if o_proj is not None:
+            layer.o_proj.weight.copy_(weights.o_proj_columns(o_proj, total_kv, tp_rank, tp_size))
+        return layer
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

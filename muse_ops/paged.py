@@ -75,3 +75,65 @@ class PagedBatch:
         return cls(seq_lens=lens.to(device), page_table=table.to(device),
                    positions=block_positions(lens, q_len).to(device),
                    slots=block_slots(table, lens, q_len).to(device))
+
+
+class PageAllocator:
+    """The pages of one paged cache (shared by every layer's cache of the same shape) for requests
+    that grow step by step, join and leave, as a serving engine keeps them.
+
+    Page 0 is reserved as the dummy page of padding requests: a batch padded to a captured size
+    (a CUDA graph replays fixed shapes) fills its unused rows with requests of length q_len whose
+    page table is [0, -1, ...] and whose slots are -1, so qkv_front inserts nothing for them and
+    attn2 reads only the dummy page (keep its rows finite: allocate_kv_cache zeroes the cache).
+    Their output rows are meaningless and the caller drops them. Freed pages return to the pool
+    and are handed out again (scattered, as in a long-running server)."""
+
+    DUMMY_PAGE = 0
+
+    def __init__(self, num_pages: int, max_pages_per_request: int, generator=None):
+        if num_pages < 2:
+            raise ValueError("a page pool needs the dummy page and at least one more")
+        self.max_pages = max_pages_per_request
+        order = torch.randperm(num_pages - 1, generator=generator) + 1
+        self._free: list[int] = order.tolist()
+        self._pages: dict = {}
+        self.lengths: dict = {}
+
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def reserve(self, request, length: int) -> None:
+        """Make request hold the pages of `length` tokens (a new request, or one that grew)."""
+        pages = self._pages.setdefault(request, [])
+        need = pages_for(length)
+        if need > self.max_pages:
+            raise ValueError(f"request {request!r}: {length} tokens need {need} pages, the table holds {self.max_pages}")
+        if need - len(pages) > len(self._free):
+            raise RuntimeError(f"the page pool is out of pages ({len(self._free)} free, request {request!r} "
+                               f"needs {need - len(pages)} more)")
+        while len(pages) < need:
+            pages.append(self._free.pop())
+        self.lengths[request] = length
+
+    def release(self, request) -> None:
+        """The request left: its pages go back to the pool."""
+        self._free.extend(reversed(self._pages.pop(request)))
+        del self.lengths[request]
+
+    def batch(self, requests, q_len: int, pad_to: int | None = None, device=None) -> PagedBatch:
+        """A step's PagedBatch for `requests` (each holding the pages of its length, which includes
+        the step's block), padded with padding requests up to pad_to rows of requests."""
+        rows = len(requests) if pad_to is None else pad_to
+        if rows < len(requests):
+            raise ValueError(f"pad_to={pad_to} is smaller than the batch ({len(requests)} requests)")
+        table = torch.full((rows, self.max_pages), -1, dtype=torch.int32)
+        lens = torch.full((rows,), q_len, dtype=torch.int32)
+        table[len(requests):, 0] = self.DUMMY_PAGE
+        for r, req in enumerate(requests):
+            pages = self._pages[req]
+            table[r, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            lens[r] = self.lengths[req]
+        slots = block_slots(table, lens, q_len)
+        slots.view(rows, q_len)[len(requests):] = -1
+        return PagedBatch(seq_lens=lens.to(device), page_table=table.to(device),
+                          positions=block_positions(lens, q_len).to(device), slots=slots.to(device))
