@@ -108,7 +108,7 @@ class QkvFrontSm90:
         self.token_tile = cfg.token_tile
         self.heads_per_cta = cfg.heads_per_cta
         self.stages = cfg.stages
-        self.kps = cfg.k_tiles_per_stage
+        self.tiles_per_stage = cfg.k_tiles_per_stage
         self.rope = cfg.rope
         self.consumer_threads = 128 * cfg.heads_per_cta
         self.producer_warp = 4 * cfg.heads_per_cta
@@ -125,56 +125,58 @@ class QkvFrontSm90:
                  mErr: cute.Tensor,           # int32 [1]
                  split: Int32,                # the K split S (cluster size)
                  stream: cuda.CUstream):
-        T, HPC, ST, KPS = self.token_tile, self.heads_per_cta, self.stages, self.kps
+        tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
+        tiles_per_stage = self.tiles_per_stage
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        # weight: a (64, 64) box per head and K tile; x: a (T, 64) box per K tile; KPS tiles a stage
-        sW_layout = cute.tile_to_shape(atom, (HEAD_DIM, K_TILE, ST * KPS * HPC), (0, 1, 2))
-        sX_layout = cute.tile_to_shape(atom, (T, K_TILE, ST * KPS), (0, 1, 2))
+        # weight: a (64, 64) box per head and K tile; x: a (tokens, 64) box per K tile; tiles_per_stage a stage
+        sW_layout = cute.tile_to_shape(atom, (HEAD_DIM, K_TILE, stages * tiles_per_stage * heads), (0, 1, 2))
+        sX_layout = cute.tile_to_shape(atom, (tokens, K_TILE, stages * tiles_per_stage), (0, 1, 2))
         tma_w, mW_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mW,
                                                     cute.slice_(sW_layout, (None, None, 0)), (HEAD_DIM, K_TILE))
         tma_x, mX_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
-                                                    cute.slice_(sX_layout, (None, None, 0)), (T, K_TILE))
+                                                    cute.slice_(sX_layout, (None, None, 0)), (tokens, K_TILE))
         m = mX.shape[0]
-        head_groups = mW.shape[0] // (HEAD_DIM * HPC)
+        head_groups = mW.shape[0] // (HEAD_DIM * heads)
         self.kernel(tma_w, mW_tma, tma_x, mX_tma, mPos, mSlot, mCS, mCache, mY, mErr, sW_layout, sX_layout,
                     split).launch(
-            grid=(split, head_groups, (m + T - 1) // T), block=(self.cfg.threads, 1, 1),
+            grid=(split, head_groups, (m + tokens - 1) // tokens), block=(self.cfg.threads, 1, 1),
             cluster=(split, 1, 1), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
                mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
                mErr: cute.Tensor, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
-        """CTA (rank, head_group, tile): K tiles of `rank` for heads head_group * HPC .. + HPC - 1
-        and tokens tile * T .. + T - 1. Warps 0 .. 4 HPC - 1 are the consumer warpgroups (one head
-        each), warp 4 HPC the producer."""
-        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        """CTA (rank, head_group, tile): the K tiles of `rank` for the heads_per_cta heads from
+        head_group * heads_per_cta and the token_tile tokens from tile * token_tile. Warps
+        0 .. 4 heads_per_cta - 1 are the consumer warpgroups (one head each), the next one the producer."""
+        tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
         tidx, _, _ = cute.arch.thread_idx()
         rank, head_group, tile = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         # ---- shared memory: the ring's barriers and stages; after the main loop the ring holds
-        # this CTA's fp32 partial [HPC, T, PARTIAL_ROW] (x's stages lie right after the weight's)
+        # this CTA's fp32 partial [heads, tokens, PARTIAL_ROW] (x's stages lie right after the weight's)
         smem = SmemAllocator()
-        full = smem.allocate_array(Int64, ST, byte_alignment=8)
-        empty = smem.allocate_array(Int64, ST, byte_alignment=8)
+        full = smem.allocate_array(Int64, stages, byte_alignment=8)
+        empty = smem.allocate_array(Int64, stages, byte_alignment=8)
         sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
         sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
-        sP = cute.make_tensor(cute.recast_ptr(sW.iterator, dtype=Float32), cute.make_layout(HPC * T * PARTIAL_ROW))
-        sSlot = smem.allocate_tensor(Int64, cute.make_layout(T), byte_alignment=16)   # the tile's slots
-        sPos = smem.allocate_tensor(Int32, cute.make_layout(T), byte_alignment=16)    # and RoPE rows
+        sP = cute.make_tensor(cute.recast_ptr(sW.iterator, dtype=Float32),
+                              cute.make_layout(heads * tokens * PARTIAL_ROW))
+        sSlot = smem.allocate_tensor(Int64, cute.make_layout(tokens), byte_alignment=16)   # the tile's slots
+        sPos = smem.allocate_tensor(Int32, cute.make_layout(tokens), byte_alignment=16)    # and RoPE rows
         if warp == self.producer_warp:
             cpasync.prefetch_descriptor(tma_w)
             cpasync.prefetch_descriptor(tma_x)
             with cute.arch.elect_one():
-                for s in cutlass.range_constexpr(ST):
+                for s in cutlass.range_constexpr(stages):
                     cute.arch.mbarrier_init(full + s, 1)
-                    cute.arch.mbarrier_init(empty + s, 4 * HPC)   # one arrive per consumer warp
+                    cute.arch.mbarrier_init(empty + s, 4 * heads)   # one arrive per consumer warp
                 cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
         # ---- this rank's K tiles: a function of the split alone, which depends on Hkv alone (the
-        # last stage may hold fewer than KPS of them)
+        # last stage may hold fewer than tiles_per_stage of them)
         kt_lo = rank * K_TILES // split
         n_k = (rank + 1) * K_TILES // split - kt_lo
 
@@ -203,82 +205,86 @@ class QkvFrontSm90:
                 sW: cute.Tensor, sX: cute.Tensor, full, empty, head_group: Int32, tile: Int32, kt_lo: Int32,
                 n_k: Int32, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
                 sSlot: cute.Tensor, sPos: cute.Tensor, m: Int32):
-        """The producer warp: per K tile, HPC weight boxes (64 x 64) and one x box (T x 64), KPS
-        tiles to a stage. The weights of the first stages go out before griddepcontrol.wait; once
-        the ring is full, the epilogue's indices are staged (stage_indices)."""
-        T, HPC, ST, KPS = self.token_tile, self.heads_per_cta, self.stages, self.kps
+        """The producer warp: per K tile, a weight box (64 x 64) per head and one x box (tokens x
+        64), tiles_per_stage K tiles to a stage. The weights of the first stages go out before
+        griddepcontrol.wait; once the ring is full, the epilogue's indices are staged (stage_indices)."""
+        tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
+        tiles_per_stage = self.tiles_per_stage
         gW = cute.flat_divide(mW_tma, (HEAD_DIM, K_TILE))          # (64, 64, heads, 128)
-        gX = cute.flat_divide(mX_tma, (T, K_TILE))                 # (T, 64, token tiles, 128)
+        gX = cute.flat_divide(mX_tma, (tokens, K_TILE))                 # (tokens, 64, token tiles, 128)
         tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                          cute.group_modes(gW, 0, 2))
         tXs, tXg = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
                                          cute.group_modes(gX, 0, 2))
-        n_stages = (n_k + KPS - 1) // KPS
-        n_pre = cutlass.min(n_stages, Int32(ST))
+        n_stages = (n_k + tiles_per_stage - 1) // tiles_per_stage
+        n_pre = cutlass.min(n_stages, Int32(stages))
         for i in cutlass.range(n_pre, unroll=1):
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(
-                    full + i, cutlass.min(n_k - i * KPS, Int32(KPS)) * self.cfg.tile_bytes)
-            for j in cutlass.range_constexpr(KPS):
-                if i * KPS + j < n_k:
-                    for h in cutlass.range_constexpr(HPC):
-                        cute.copy(tma_w, tWg[None, head_group * HPC + h, kt_lo + i * KPS + j],
-                                  tWs[None, (i * KPS + j) * HPC + h], tma_bar_ptr=full + i)
+                    full + i, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * self.cfg.tile_bytes)
+            for j in cutlass.range_constexpr(tiles_per_stage):
+                if i * tiles_per_stage + j < n_k:
+                    for h in cutlass.range_constexpr(heads):
+                        cute.copy(tma_w, tWg[None, head_group * heads + h, kt_lo + i * tiles_per_stage + j],
+                                  tWs[None, (i * tiles_per_stage + j) * heads + h], tma_bar_ptr=full + i)
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()   # x is the previous kernel's output
         for i in cutlass.range(n_pre, unroll=1):
-            for j in cutlass.range_constexpr(KPS):
-                if i * KPS + j < n_k:
-                    cute.copy(tma_x, tXg[None, tile, kt_lo + i * KPS + j], tXs[None, i * KPS + j],
+            for j in cutlass.range_constexpr(tiles_per_stage):
+                if i * tiles_per_stage + j < n_k:
+                    cute.copy(tma_x, tXg[None, tile, kt_lo + i * tiles_per_stage + j],
+                              tXs[None, i * tiles_per_stage + j],
                               tma_bar_ptr=full + i)
         self.stage_indices(mPos, mSlot, mCS, mErr, sSlot, sPos, m, tile)   # the ring is in flight meanwhile
         for i in cutlass.range(n_pre, n_stages, unroll=1):
-            s = i % ST
-            cute.arch.mbarrier_wait(empty + s, (i // ST + 1) % 2)   # its previous use is released
+            s = i % stages
+            cute.arch.mbarrier_wait(empty + s, (i // stages + 1) % 2)   # its previous use is released
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(
-                    full + s, cutlass.min(n_k - i * KPS, Int32(KPS)) * self.cfg.tile_bytes)
-            for j in cutlass.range_constexpr(KPS):
-                if i * KPS + j < n_k:
-                    kt = kt_lo + i * KPS + j
-                    for h in cutlass.range_constexpr(HPC):
-                        cute.copy(tma_w, tWg[None, head_group * HPC + h, kt], tWs[None, (s * KPS + j) * HPC + h],
+                    full + s, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * self.cfg.tile_bytes)
+            for j in cutlass.range_constexpr(tiles_per_stage):
+                if i * tiles_per_stage + j < n_k:
+                    kt = kt_lo + i * tiles_per_stage + j
+                    for h in cutlass.range_constexpr(heads):
+                        cute.copy(tma_w, tWg[None, head_group * heads + h, kt],
+                                  tWs[None, (s * tiles_per_stage + j) * heads + h],
                                   tma_bar_ptr=full + s)
-                    cute.copy(tma_x, tXg[None, tile, kt], tXs[None, s * KPS + j], tma_bar_ptr=full + s)
+                    cute.copy(tma_x, tXg[None, tile, kt], tXs[None, s * tiles_per_stage + j], tma_bar_ptr=full + s)
 
     @cute.jit
     def consume(self, sW: cute.Tensor, sX: cute.Tensor, sP: cute.Tensor, full, empty, n_k: Int32,
                 wg: Int32, wg_tidx: Int32):
-        """Consumer warpgroup wg (head head_group * HPC + wg): acc (64 rows x T tokens, fp32, from
-        0) += W_tile x_tile^T over the rank's K tiles in order, four k16 wgmmas a tile, one wgmma
+        """Consumer warpgroup wg (head head_group * heads + wg): acc (64 rows x tokens tokens, fp32, from
+        0) += W_tile x_tile^tokens over the rank's K tiles in order, four k16 wgmmas a tile, one wgmma
         group a stage, one group in flight; then the accumulator into the rows [wg, t, 0:64] of sP."""
-        T, HPC, ST = self.token_tile, self.heads_per_cta, self.stages
+        tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
         mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, warpgroup.OperandMajorMode.K,
-                                                warpgroup.OperandMajorMode.K, Float32, (1, 1, 1), (HEAD_DIM, T))
+                                                warpgroup.OperandMajorMode.K, Float32, (1, 1, 1), (HEAD_DIM, tokens))
         thr = mma.get_slice(wg_tidx)
         atom = cute.make_mma_atom(mma.op)
         tCrW = thr.make_fragment_A(thr.partition_A(sW))
         tCrX = thr.make_fragment_B(thr.partition_B(sX))
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, T)), Float32)
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, tokens)), Float32)
         acc.fill(0.0)
         atom.set(warpgroup.Field.ACCUMULATE, True)
         lane = cute.arch.lane_idx()
-        KPS = self.kps
-        for i in cutlass.range((n_k + KPS - 1) // KPS, unroll=1):
-            s = i % ST
-            cute.arch.mbarrier_wait(full + s, (i // ST) % 2)
+        tiles_per_stage = self.tiles_per_stage
+        for i in cutlass.range((n_k + tiles_per_stage - 1) // tiles_per_stage, unroll=1):
+            s = i % stages
+            cute.arch.mbarrier_wait(full + s, (i // stages) % 2)
             warpgroup.fence()
-            for j in cutlass.range_constexpr(KPS):
-                if i * KPS + j < n_k:     # K tiles in order, k16 steps in order: the same for any KPS
+            for j in cutlass.range_constexpr(tiles_per_stage):
+                # K tiles in order, k16 steps in order: the same for any tiles_per_stage
+                if i * tiles_per_stage + j < n_k:
                     for kb in cutlass.range_constexpr(K_TILE // 16):
-                        cute.gemm(atom, acc, tCrW[None, None, kb, (s * KPS + j) * HPC + wg],
-                                  tCrX[None, None, kb, s * KPS + j], acc)
+                        cute.gemm(atom, acc, tCrW[None, None, kb, (s * tiles_per_stage + j) * heads + wg],
+                                  tCrX[None, None, kb, s * tiles_per_stage + j], acc)
             warpgroup.commit_group()
             if const_expr(self.cfg.mma_lag == 1):
                 warpgroup.wait_group(1)      # the previous stage's wgmmas have read it: free it
                 if i > 0:
                     if lane == 0:
-                        cute.arch.mbarrier_arrive(empty + (i - 1) % ST)
+                        cute.arch.mbarrier_arrive(empty + (i - 1) % stages)
             else:
                 warpgroup.wait_group(0)      # memory-bound tiles: free this stage at once
                 if lane == 0:
@@ -287,8 +293,8 @@ class QkvFrontSm90:
         # every consumer warpgroup is done with the ring (every stage was waited for, so the
         # producer's copies have landed): the partial may overwrite it
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-        sPw = cute.make_tensor(sP.iterator + wg * T * PARTIAL_ROW,
-                               cute.make_layout((HEAD_DIM, T), stride=(1, PARTIAL_ROW)))
+        sPw = cute.make_tensor(sP.iterator + wg * tokens * PARTIAL_ROW,
+                               cute.make_layout((HEAD_DIM, tokens), stride=(1, PARTIAL_ROW)))
         tPs = thr.partition_C(sPw)
         for i in cutlass.range_constexpr(cute.size(acc)):
             tPs[i] = acc[i]
@@ -317,18 +323,18 @@ class QkvFrontSm90:
     def reduce_and_store(self, sP: cute.Tensor, sSlot: cute.Tensor, sPos: cute.Tensor, mCS: cute.Tensor,
                          mCache: cute.Tensor, mY: cute.Tensor, mErr: cute.Tensor, split: Int32, rank: Int32,
                          head_group: Int32, tile: Int32, tidx: Int32):
-        """The rows this rank owns (tokens t = rank + split j of the tile, each of the HPC heads):
+        """The rows this rank owns (tokens t = rank + split j of the tile, each of the heads heads):
         the split-K sum of the cluster's partials in rank order, bf16, then norm / RoPE by head
         kind, y, and the cache row of k and v heads. A quad of lanes per row, ROW_COLS columns each."""
-        T, HPC = self.token_tile, self.heads_per_cta
+        tokens, heads = self.token_tile, self.heads_per_cta
         m = mY.shape[0]
         n = mY.shape[1]
         hkv = mCache.shape[1]
         hq = GROUP * hkv
         capacity = Int64(mCache.shape[0]) * PAGE_SIZE
-        t_count = cutlass.min(Int32(T), m - tile * T)
+        t_count = cutlass.min(Int32(tokens), m - tile * tokens)
         n_own = (t_count - rank + split - 1) // split
-        rows = n_own * HPC
+        rows = n_own * heads
         lane_row = tidx // ROW_THREADS
         col = (tidx % ROW_THREADS) * ROW_COLS
         y_base = mY.iterator.toint()
@@ -337,10 +343,10 @@ class QkvFrontSm90:
             # lanes past the last row repeat it (the butterfly needs the whole quad) but store nothing
             active = Int32(base + lane_row < rows)
             row = cutlass.min(base + lane_row, rows - 1)
-            t = rank + split * (row // HPC)
-            hh = row % HPC
-            token = tile * T + t
-            head = head_group * HPC + hh
+            t = rank + split * (row // heads)
+            hh = row % heads
+            token = tile * tokens + t
+            head = head_group * heads + hh
             is_qk = Int32(head < hq + hkv)
             # ---- the global loads first (cos_sin rows), so their latency overlaps the DSMEM loads
             cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
@@ -349,14 +355,15 @@ class QkvFrontSm90:
                 pos = sPos[t]
                 quarter = col // ROW_COLS      # frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1
                 cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
-                cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None], sin)
+                cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None],
+                                  sin)
             # ---- split-K sum: the partials in rank order, one rounding per add; the loads of up to
             # RANK_GROUP ranks go out together (one DSMEM latency per group, not one per rank).
             # At large M this sum is bound by DSMEM bandwidth (bench/RESULTS.md)
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             acc.fill(0.0)
             part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, RANK_GROUP), stride=(1, ROW_COLS)), Float32)
-            offset = (hh * T + t) * PARTIAL_ROW + col
+            offset = (hh * tokens + t) * PARTIAL_ROW + col
             for r0 in cutlass.range(0, split, RANK_GROUP, unroll=1):
                 for g in cutlass.range_constexpr(RANK_GROUP):
                     if r0 + g < split:      # the sum is bound by DSMEM bandwidth: no load is wasted
