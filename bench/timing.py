@@ -10,7 +10,7 @@ on the H200) to a case whose one set already spans >= 4x L2.
 Why the warm-up lasts WARMUP_S and not a few replays: for a few ms after the driver frees a large
 allocation, kernels reading a large page pool run slower, and just before the first timed replay
 the capture (torch.cuda.graph empties the allocator's cache) frees whatever the float64 check left
-there. Measured on the H200 (tools/attn2_dev/bench_state.py, muse:cutedsl at B=128 L=16384
+there. Measured on the H200 (bench/RESULTS-archive.md, sixth run; muse:cutedsl at B=128 L=16384
 W=2048, medians of 10 replays): 46.9 46.6 46.5 then 43.0 43.1 ... after an empty_cache that
 freed the reference's temporaries; 42.8 with nothing freed. With 3 warm-up replays the bench read
 47.5 for the contender timed right after the check and 43 elsewhere.

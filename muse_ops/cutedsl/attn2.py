@@ -97,7 +97,7 @@ request whatever the batch; docs/DESIGN.md section 11):
   st.shared::cluster) instead of pulling them, and 1-step chunks at L = 8192. Seen and left: at
   B=1 L=8192 Hkv=2 the 16 clusters of 8 fit the H200's GPCs only 15 at a time, so one shares 8
   SMs with another; its CTAs end their loop ~0.8 us and pass the first cluster barrier ~1.5 us
-  after the median CTA, and they finish the launch (timeline.py, %smid).
+  after the median CTA, and they finish the launch (bench/RESULTS-archive.md, seventh run).
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
@@ -615,8 +615,8 @@ class Attn2Sm90:
                 # griddepcontrol.wait (it reads nothing of ours before our grid is done), so its
                 # launch overlaps our merges. Only in wide grids of at most one working CTA per
                 # SM (estimated from this request's L): there the next grid's early CTAs take no
-                # SM slot that ours need. Measured (us, bench inputs, tools/attn2_dev/
-                # bench_trigger.py): B=1 L=8192 7.64 against 8.28, B=1 L=512 4.32 against 4.73;
+                # SM slot that ours need. Measured (us, bench inputs, bench/RESULTS-archive.md
+                # seventh run): B=1 L=8192 7.64 against 8.28, B=1 L=512 4.32 against 4.73;
                 # B=8 L=2048 (256 CTAs) 9.50 against 9.84 in one process, 10.45-10.63 against
                 # 10.1 in another; B=4 L=16384 (1024 CTAs, ab.py) 24.46 against 23.92; deep
                 # grids slower (fifth run: B=32 L=4096 +4.5).

@@ -14,7 +14,8 @@ def load_kernel(path=None):
     if path is None:
         from muse_ops.cutedsl import attn2
         return attn2
-    name = "attn2_alt_" + os.path.splitext(os.path.basename(path))[0]
+    import muse_ops.cutedsl  # noqa: F401  (the copy's relative imports resolve against this package)
+    name = "muse_ops.cutedsl._attn2_alt_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod           # dataclasses look their module up
