@@ -25,9 +25,8 @@ HIDDEN = 8192
 
 def prefill_rows(caches, allocator, request, lo, hi, gen):
     """Stand-in for the prefill: keys and values of tokens lo .. hi-1 of `request` in every layer's cache."""
-    batch = allocator.batch([request], q_len=1)            # any q_len: only the page table is used
     t = torch.arange(lo, hi)
-    pages = batch.page_table[0].long()[t // 16]
+    pages = torch.tensor(allocator.pages(request))[t // 16]
     for cache in caches:
         rows = torch.randn(hi - lo, cache.shape[1], 128, generator=gen).to(cache.dtype)
         cache[pages.to(cache.device), :, (t % 16).to(cache.device)] = rows.to(cache.device)

@@ -115,6 +115,10 @@ class PageAllocator:
             pages.append(self._free.pop())
         self.lengths[request] = length
 
+    def pages(self, request) -> list[int]:
+        """The physical pages of request, in logical order."""
+        return list(self._pages[request])
+
     def release(self, request) -> None:
         """The request left: its pages go back to the pool."""
         self._free.extend(reversed(self._pages.pop(request)))

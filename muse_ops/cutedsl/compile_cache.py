@@ -39,7 +39,6 @@ ENV_DIR = "MUSE_OPS_CACHE_DIR"
 _memory: dict = {}
 _lock = threading.Lock()
 stats = {"compiled": 0, "loaded": 0, "memory": 0}   # how each lookup was served (tests, prepare)
-timings: dict = {}                                  # key -> (how, seconds) of its first lookup
 
 
 @functools.lru_cache(maxsize=1)
@@ -120,7 +119,6 @@ def get(key, build: Callable[[], object], *, disk: bool = True):
         fn = _memory.get(key)
         if fn is not None:
             return fn
-        t0 = time.perf_counter()
         root = cache_dir() if disk else None
         how = "compiled"
         if root is None:
@@ -128,7 +126,6 @@ def get(key, build: Callable[[], object], *, disk: bool = True):
         else:
             fn, how = _disk_get(root, key, build)
         stats[how] += 1
-        timings[key] = (how, time.perf_counter() - t0)
         _memory[key] = fn
         return fn
 

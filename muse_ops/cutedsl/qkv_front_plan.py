@@ -9,6 +9,7 @@ the heads a CTA computes (1 or 2). See the kernel module's docstring for why.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..config import GROUP, HEAD_DIM, HIDDEN
@@ -46,6 +47,11 @@ def k_split(kv_heads: int) -> int:
     return next(s for s in (MAX_K_SPLIT, 2, 1) if heads_ * s <= SM_TARGET or s == 1)
 
 
+def stage_bytes(token_tile: int, heads_per_cta: int, k_tiles_per_stage: int) -> int:
+    """Bytes of one ring stage: the heads' weight rows and x's tokens, k_tiles_per_stage K tiles."""
+    return (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2 * k_tiles_per_stage
+
+
 def k_range(rank: int, split: int) -> tuple[int, int]:
     """The K tiles [lo, hi) rank `rank` of a split of `split` sums (as the kernel derives them)."""
     return rank * K_TILES // split, (rank + 1) * K_TILES // split
@@ -73,11 +79,11 @@ class QkvFrontConfig:
 
     @property
     def tile_bytes(self) -> int:   # one K tile of the heads' weight rows and of x
-        return (self.heads_per_cta * HEAD_DIM + self.token_tile) * K_TILE * 2
+        return stage_bytes(self.token_tile, self.heads_per_cta, 1)
 
     @property
     def stage_bytes(self) -> int:
-        return self.k_tiles_per_stage * self.tile_bytes
+        return stage_bytes(self.token_tile, self.heads_per_cta, self.k_tiles_per_stage)
 
     @property
     def partial_bytes(self) -> int:
@@ -88,8 +94,8 @@ class QkvFrontConfig:
                slot_dtype: str = "int64", stages: int | None = None, **over) -> "QkvFrontConfig":
         assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
-        stage = (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2 * over.get("k_tiles_per_stage", 1)
         if stages is None:   # as deep as shared memory allows, up to 8 stages
+            stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))
             stages = max(2, min(8, SMEM_LIMIT // stage))
         cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)
         # the partials of the split-K sum reuse the ring once the main loop is done
@@ -113,13 +119,20 @@ def _dtype_name(t) -> str:
 def launch_config(m: int, rope: bool, positions_dtype, slots_dtype, override: dict | None = None) -> QkvFrontConfig:
     """The variant a launch of m tokens runs; override (dev tools, tests) forces a tile
     ("tile": (T, heads)) or another knob of the config."""
-    over = dict(override or {})
+    if not override:   # every eager call asks: the table's variants are cached
+        return _default_config(*tile_for(m), bool(rope), _dtype_name(positions_dtype), _dtype_name(slots_dtype))
+    over = dict(override)
     tile, hpc, kps = tile_for(m)
     if "tile" in over:
         tile, hpc = over.pop("tile")
         kps = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1)
     over.setdefault("k_tiles_per_stage", kps)
     return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_config(tile: int, hpc: int, kps: int, rope: bool, pos_dtype: str, slot_dtype: str) -> QkvFrontConfig:
+    return QkvFrontConfig.create(tile, hpc, rope, pos_dtype, slot_dtype, k_tiles_per_stage=kps)
 
 
 def deployment_variants(kv_heads: int, rope: bool) -> list[QkvFrontConfig]:
