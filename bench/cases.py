@@ -1,8 +1,9 @@
 """Bench cases (docs/DESIGN.md section 14), their inputs and the bytes each op must move.
 
 attn2: q_len 8, Hkv 2, page 16, bf16; (B, L, window) below plus a mixed batch (B=64, L uniform in
-[512, 32768], seed 1234). qkv_front: M tokens, Hkv 2, RoPE on (a sliding layer's front, the one
-with the longer epilogue).
+[512, 32768], seed 1234); then plain decode (q_len 1) and other tensor-parallel widths (Hkv 1, 4,
+16: TP16, TP4, TP1), spelled (B, L, window, q_len, Hkv). qkv_front: M tokens, Hkv 2, RoPE on (a
+sliding layer's front, the one with the longer epilogue). The layer cases are in bench/layer.py.
 
 Inputs are built as n rotating sets: attn2 sets share one page pool, each set's requests on
 their own scattered pages (so a set's pages are distinct from every other set's), and each set
@@ -27,8 +28,13 @@ POOL_BYTES_CAP = 12 << 30   # one layout's page pool (muse's; FA4's and Flex's c
 MIXED_SEED = 1234
 
 ATTN2_CASES = [(1, 512, 0), (1, 8192, 0), (8, 2048, 0), (32, 4096, 0), (64, 8192, 0), (128, 16384, 0),
-               (16, 65536, 0), (64, 8192, 2048), (128, 16384, 2048), (1, 131072, 0), ("mixed64", 32768, 0)]
-QKV_CASES = [1, 8, 16, 64, 256, 512, (8, 1), (8, 4), (8, 16)]   # M, or (M, Hkv); Hkv 2 otherwise
+               (16, 65536, 0), (64, 8192, 2048), (128, 16384, 2048), (1, 131072, 0), ("mixed64", 32768, 0),
+               # plain decode (q_len 1)
+               (1, 8192, 0, 1, 2), (32, 4096, 0, 1, 2), (128, 16384, 0, 1, 2), (128, 16384, 2048, 1, 2),
+               # TP16 / TP4 / TP1 widths
+               (1, 8192, 0, 8, 1), (1, 8192, 0, 8, 4), (1, 8192, 0, 8, 16),
+               (32, 4096, 0, 8, 1), (32, 4096, 0, 8, 4), (32, 4096, 0, 8, 16)]
+QKV_CASES = [1, 8, 16, 64, 256, 512, 1024, (8, 1), (8, 4), (8, 16)]   # M, or (M, Hkv); Hkv 2 otherwise
 QUICK_CPU_ATTN2 = [(1, 64, 0), (2, 40, 16)]
 QUICK_CPU_QKV = [1, 8]
 QUICK_GPU_ATTN2 = [(1, 512, 0), (1, 8192, 0), (64, 8192, 2048), ("mixed64", 32768, 0)]
@@ -71,14 +77,19 @@ class Attn2Case:
         return sum(4.0 * self.q_len * hq * HEAD_DIM * self.needed_keys(L) for L in self.lens)
 
 
+def case_suffix(window: int, q_len: int, kv_heads: int) -> str:
+    return ((f" W={window}" if window else "") + (" decode" if q_len == 1 else "")
+            + (f" Hkv={kv_heads}" if kv_heads != KV_HEADS else ""))
+
+
 def attn2_case(spec) -> Attn2Case:
-    b, L, w = spec
+    b, L, w, q_len, kv_heads = (tuple(spec) + (Q_LEN, KV_HEADS))[:5]
+    suffix = case_suffix(w, q_len, kv_heads)
     if b == "mixed64":
         g = torch.Generator().manual_seed(MIXED_SEED)
         lens = torch.randint(512, L + 1, (64,), generator=g).tolist()
-        return Attn2Case(f"mixed B=64 L~U[512,{L}]" + (f" W={w}" if w else ""), lens, w, L)
-    name = f"B={b} L={L}" + (f" W={w}" if w else "")
-    return Attn2Case(name, [L] * b, w, L)
+        return Attn2Case(f"mixed B=64 L~U[512,{L}]" + suffix, lens, w, L, kv_heads=kv_heads, q_len=q_len)
+    return Attn2Case(f"B={b} L={L}" + suffix, [L] * b, w, L, kv_heads=kv_heads, q_len=q_len)
 
 
 @dataclass

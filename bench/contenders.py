@@ -19,6 +19,9 @@ attn2 (y, paged cache -> out):
                      function. The block mask's tensors are built per step outside the timed region.
   flex(contig)       the same on contiguous per-request K/V [B, Hkv, Lmax, 64] gathered beforehand
                      (block 128): no paging cost, labelled an optimistic bound for Flex.
+  flashinfer+normgate  FlashInfer 0.7.2 (bench/flashinfer_peer.py: fa2 prefill kernel, causal, for the
+                     verify block; its tensor-core decode for q_len 1) over its own HND K/V caches,
+                     then the Triton norm-gate; flashinfer (attn only) is the attention alone.
 qkv_front (x, W -> y, cache insert):
   muse:<backend>     muse_ops.qkv_front, every available backend
   cublas+triton      torch.matmul (cuBLAS) then bench/stock_triton.qk_norm_rope_insert (in place,
@@ -32,7 +35,7 @@ import torch
 
 from muse_ops.config import GROUP, HEAD_DIM, PAGE_SIZE
 
-from . import stock_triton
+from . import flashinfer_peer, stock_triton
 from .cases import Attn2Inputs, QkvInputs
 
 
@@ -76,7 +79,8 @@ def fa_layout(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def attn2_contenders(device) -> list[str]:
     names = ["muse:cutedsl", "muse:reference"]
     if torch.device(device).type == "cuda":
-        names += ["fa4+normgate", "fa4 (attn only)", "flex(paged)", "flex(contig)"]
+        names += ["flashinfer+normgate", "flashinfer (attn only)", "fa4+normgate", "fa4 (attn only)",
+                  "flex(paged)", "flex(contig)"]
     return names
 
 
@@ -126,11 +130,35 @@ def build_attn2_contender(name: str, inp: Attn2Inputs, device):
             return stock_triton.norm_gate(o, y, c.kv_heads) if with_epilogue else o
         return fn
 
+    if name.startswith("flashinfer"):
+        return _flashinfer(name, inp)
     if name == "flex(paged)":
         return _flex_paged(inp, device)
     if name == "flex(contig)":
         return _flex_contig(inp, device)
     raise Absent(f"unknown contender {name}")
+
+
+def _flashinfer(name: str, inp: Attn2Inputs):
+    c = inp.case
+    hq = GROUP * c.kv_heads
+    if name == "flashinfer+normgate" and not stock_triton.HAVE_TRITON:
+        raise Absent(f"triton missing for the norm-gate kernel ({stock_triton.TRITON_IMPORT_ERROR})")
+    try:
+        if "fi_k" not in inp.extra:
+            inp.extra["fi_k"], inp.extra["fi_v"] = flashinfer_peer.hnd_caches(inp.kv_cache)
+        attn = flashinfer_peer.PagedAttention(inp.page_tables, inp.seq_lens, inp.extra["fi_k"], inp.extra["fi_v"],
+                                              q_len=c.q_len, q_heads=hq, kv_heads=c.kv_heads, window=c.window,
+                                              scale=c.scale)
+    except flashinfer_peer.Absent as exc:
+        raise Absent(str(exc))
+    with_epilogue = name == "flashinfer+normgate"
+
+    def fn(i):
+        y = inp.ys[i]
+        o = attn.run(y[:, :hq * HEAD_DIM].view(c.batch * c.q_len, hq, HEAD_DIM), i)
+        return stock_triton.norm_gate(o, y, c.kv_heads) if with_epilogue else o.reshape(-1, hq * HEAD_DIM)
+    return fn
 
 
 def _flex_api():

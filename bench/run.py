@@ -33,12 +33,17 @@ import traceback
 import torch
 
 from . import cases as C
+from . import chain as CH
 from . import contenders as K
+from . import flashinfer_peer
+from . import layer as LY
 from . import timing as T
 
-PEERS_ATTN2 = ("fa4+normgate", "flex(paged)")   # flex(contig) is a bound, not a peer path
+PEERS_ATTN2 = ("flashinfer+normgate", "fa4+normgate", "flex(paged)")   # flex(contig) is a bound, not a peer path
 PEERS_QKV = ("cublas+triton", "compile(ref)")   # "cublas" (the matmul alone) is a bound, not a peer path
-UNCHECKED = ("fa4 (attn only)", "cublas")
+BUILDERS = {"attn2": K.build_attn2_contender, "qkv_front": K.build_qkv_contender, "layer": LY.build_layer_contender}
+TABLES = (("attn2", "attn2_names"), ("qkv_front", "qkv_names"), ("layer", "layer_names"))
+UNCHECKED = ("fa4 (attn only)", "flashinfer (attn only)", "cublas")
 CHECK_MAX_TOKENS = 1 << 21     # compare against the float64 evaluation up to this many cached tokens
 
 
@@ -71,6 +76,7 @@ def environment(device) -> dict:
     except Exception as exc:
         env["cutedsl"] = f"absent ({type(exc).__name__})"
     env["fa4"] = K.fa4_version() or "absent"
+    env["flashinfer"] = flashinfer_peer.version() or "absent"
     from . import stock_triton
     env["triton"] = stock_triton.TRITON_VERSION or "absent"
     return env
@@ -82,9 +88,9 @@ def _select(names, wanted):
     return [n for n in names if any(w in n for w in wanted)]
 
 
-def _err(out, ref):
-    from muse_ops.testing import tolerance_report
-    return tolerance_report(out, ref.double())
+def _err(kind, out, ref):
+    from muse_ops.testing import layer_tolerance_report, tolerance_report
+    return (layer_tolerance_report if kind == "layer" else tolerance_report)(out, ref.double())
 
 
 def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log, deadline=None) -> dict:
@@ -100,13 +106,13 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
             log(f"  {case.name:28s} {name:18s} skipped: time budget")
             continue
         try:
-            fn = (K.build_attn2_contender if kind == "attn2" else K.build_qkv_contender)(name, inp, device)
+            fn = BUILDERS[kind](name, inp, device)
             if check and ref_fn is not None:
                 if ref is None:
                     ref = ref_fn()
                 out = fn(0)
                 if name not in UNCHECKED:   # bounds that compute part of the op only
-                    row["check"][name] = _err(out, ref)
+                    row["check"][name] = _err(kind, out, ref)
             if cpu:
                 row["results"][name] = {"us": T.cpu_time_us(fn, inp.sets)}
             else:
@@ -184,6 +190,14 @@ def notes(result) -> list[str]:
         "mask_mod), norm x sigmoid(gate) fused by inductor; its block mask is built per step outside the timing. "
         "flex(contig): the same on contiguous per-request K/V gathered beforehand (block 128), an optimistic "
         "bound for Flex that no paged server gets; it is not counted as a peer in best peer/ours.",
+        "flashinfer: FlashInfer 0.7.2 (kernels prebuilt for sm_90a) over its own contiguous HND [pages,Hkv,16,64] "
+        "K/V caches: the fa2 prefill kernel, causal, for the verify block; its tensor-core decode for q_len 1; "
+        "window_left W-1; planned once per case outside the timing (bench/flashinfer_peer.py). "
+        "flashinfer+normgate adds the Triton norm-gate, flashinfer (attn only) is the attention alone.",
+        "layer: one step of an attention layer, x -> out before o_proj (bench/layer.py). muse = "
+        "MuseAttentionDecode.forward (qkv_front, attn2); stock = cuBLAS matmul, the Triton q/k-norm + RoPE + "
+        "insert, FlashInfer, the Triton norm-gate, in one graph. Floor: weight + KV + x + out bytes. Full "
+        "layers have no RoPE, sliding ones (W=2048) do. best peer/ours is stock/ours.",
         "cublas+triton: torch.matmul then the Triton q/k-norm + RoPE + cache-insert kernel (in place). "
         "cublas: torch.matmul alone (the projection without its epilogue), a bound that is not counted as a peer. "
         "qkv_front cases run a sliding layer's front (RoPE on); Hkv 2 unless the case names another.",
@@ -218,11 +232,13 @@ def render_markdown(result: dict) -> str:
     fl = result.get("floors") or {}
     lines = [f"## {env.get('date')} — {env.get('gpu') or env.get('device')}", "",
              f"GPU {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, "
-             f"CuTe DSL {env.get('cutedsl')}, FA4 {env.get('fa4')}, Triton {env.get('triton')}, "
+             f"CuTe DSL {env.get('cutedsl')}, FA4 {env.get('fa4')}, FlashInfer {env.get('flashinfer')}, "
+             f"Triton {env.get('triton')}, "
              f"commit {env.get('commit')}.", ""]
     if fl:
         lines += [f"Measured: HBM copy {fl['hbm_tbps']:.2f} TB/s; one CUDA-graph node {fl['node_us']:.2f} us.", ""]
-    for op, names in (("attn2", result.get("attn2_names")), ("qkv_front", result.get("qkv_names"))):
+    for op, key in TABLES:
+        names = result.get(key)
         if result.get(op):
             lines += [format_table(result[op], names, f"### {op} (us)"), ""]
             bad = [(r["case"], n) for r in result[op] for n, c in r.get("check", {}).items() if not c["ok"]]
@@ -230,8 +246,8 @@ def render_markdown(result: dict) -> str:
                 lines += [f"Outside the tolerance of docs/DESIGN.md section 9 (vs float64): {bad}", ""]
             else:
                 lines += ["Every checked contender's output is within docs/DESIGN.md section 9's tolerance of the "
-                          "float64 evaluation (the bounds, fa4 (attn only) and cublas, compute part of the op and are "
-                          "not checked).", ""]
+                          "float64 evaluation (the bounds, fa4 (attn only), flashinfer (attn only) and cublas, compute "
+                          "part of the op and are not checked).", ""]
             errs = [(r["case"], n, v.get("absent") or v.get("error") or v.get("skipped")) for r in result[op]
                     for n, v in r["results"].items() if "us" not in v]
             seen = set()
@@ -242,6 +258,8 @@ def render_markdown(result: dict) -> str:
             if errs:
                 lines.append("")
             lines += [f"- {r['case']}: {r['note']}" for r in result[op]] + [""]
+    if result.get("chain"):
+        lines += [CH.format_chain(result["chain"]), "", CH.__doc__.split("\n\n")[1].replace("\n", " "), ""]
     lines += ["Notes:", ""] + [f"- {n}" for n in notes(result)] + [""]
     return "\n".join(lines)
 
@@ -270,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                 parts.append(json.load(f))
         merged = parts[0]
         for p in parts[1:]:  # e.g. `--cases attn2` and `--cases qkv_front` run as two commands
-            for op, names in (("attn2", "attn2_names"), ("qkv_front", "qkv_names")):
+            for op, names in TABLES:
                 merged[names] = merged.get(names) if merged.get(op) and merged.get(names) else p.get(names)
                 merged[op] = merge_rows(merged.get(op, []), p.get(op, []), p["env"].get("commit"))
+            merged["chain"] = merged.get("chain") or p.get("chain")
         if not merged["env"].get("commit"):  # the GPU machine's copy has no .git: stamp the rendering checkout's
             try:
                 c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -295,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import muse_ops  # noqa: F401  registers the ops
 
-    ops = {"attn2", "qkv_front"}
+    ops = {"attn2", "qkv_front", "layer", "chain"}
     wanted = a.cases
     if wanted:
         ops_named = ops.intersection(wanted)
@@ -306,16 +325,19 @@ def main(argv: list[str] | None = None) -> int:
             ops = ops_named
             wanted = frag
     if cpu:
-        attn_specs, qkv_specs = C.QUICK_CPU_ATTN2, C.QUICK_CPU_QKV
+        attn_specs, qkv_specs, layer_specs = C.QUICK_CPU_ATTN2, C.QUICK_CPU_QKV, C.QUICK_CPU_ATTN2[:1]
+        ops.discard("chain")
     elif a.quick:
-        attn_specs, qkv_specs = C.QUICK_GPU_ATTN2, C.QUICK_GPU_QKV
+        attn_specs, qkv_specs, layer_specs = C.QUICK_GPU_ATTN2, C.QUICK_GPU_QKV, LY.QUICK_GPU_LAYER
     else:
-        attn_specs, qkv_specs = C.ATTN2_CASES, C.QKV_CASES
+        attn_specs, qkv_specs, layer_specs = C.ATTN2_CASES, C.QKV_CASES, LY.LAYER_CASES
     attn_cases = [C.attn2_case(s) for s in attn_specs] if "attn2" in ops else []
     qkv_cases = [C.qkv_case(m) for m in qkv_specs] if "qkv_front" in ops else []
+    layer_cases = [LY.layer_case(s) for s in layer_specs] if "layer" in ops else []
     if wanted:
         attn_cases = [c for c in attn_cases if any(w in c.name for w in wanted)]
         qkv_cases = [c for c in qkv_cases if any(w in c.name for w in wanted)]
+        layer_cases = [c for c in layer_cases if any(w in c.name for w in wanted)]
 
     env = environment(device)
     log(f"muse_ops bench on {env.get('gpu') or device}: torch {env['torch']}, CuTe DSL {env['cutedsl']}, "
@@ -329,11 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     check = not a.no_check
     attn_names = K.attn2_contenders(device)
     qkv_names = K.qkv_contenders(device)
+    layer_names = LY.layer_contenders(device)
     if a.contenders:
         attn_names = [n for n in attn_names if any(w in n for w in a.contenders)]
         qkv_names = [n for n in qkv_names if any(w in n for w in a.contenders)]
+        layer_names = [n for n in layer_names if any(w in n for w in a.contenders)]
     result = {"env": env, "floors": floors, "device_type": device.type, "attn2_names": attn_names,
-              "qkv_names": qkv_names, "attn2": [], "qkv_front": []}
+              "qkv_names": qkv_names, "layer_names": layer_names, "attn2": [], "qkv_front": [], "layer": [],
+              "chain": []}
 
     from muse_ops.testing import attn2_f64, qkv_front_f64
     import time
@@ -368,9 +393,15 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: attn2_f64(inp.ys[0], inp.kv_cache, inp.page_tables[0], inp.seq_lens,
                                  q_len=case.q_len, window=case.window, scale=case.scale)
 
+    def layer_ref(case, inp):
+        if sum(case.attn.lens) > CHECK_MAX_TOKENS:
+            return None
+        return LY.layer_reference(inp)
+
     for op, op_cases, names, build, ref_for, peers in (
             ("qkv_front", qkv_cases, qkv_names, C.build_qkv, qkv_ref, PEERS_QKV),
-            ("attn2", attn_cases, attn_names, C.build_attn2, attn_ref, PEERS_ATTN2)):
+            ("attn2", attn_cases, attn_names, C.build_attn2, attn_ref, PEERS_ATTN2),
+            ("layer", layer_cases, layer_names, LY.build_layer, layer_ref, LY.PEERS_LAYER)):
         for case in op_cases:
             log(f"[{time.perf_counter() - t_start:6.1f} s] {op} {case.name}")
             if out_of_time(op, case, names):
@@ -384,15 +415,23 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
             save()
 
+    if "chain" in ops and (not wanted or any("chain" in w for w in a.cases)):
+        log(f"[{time.perf_counter() - t_start:6.1f} s] chain")
+        try:
+            result["chain"] = CH.run_chain(device, log)
+        except Exception as exc:
+            log(f"  chain ERROR {type(exc).__name__}: {str(exc)[:300]}")
+        save()
     log(f"[{time.perf_counter() - t_start:6.1f} s] done")
     print()
-    if result["attn2"]:
-        print(format_table(result["attn2"], attn_names, "attn2 (us)"))
+    for op, key in TABLES:
+        if result[op]:
+            print(format_table(result[op], result[key], f"{op} (us)"))
+            print()
+    if result["chain"]:
+        print(CH.format_chain(result["chain"]))
         print()
-    if result["qkv_front"]:
-        print(format_table(result["qkv_front"], qkv_names, "qkv_front (us)"))
-        print()
-    for op in ("attn2", "qkv_front"):
+    for op, _ in TABLES:
         for r in result[op]:
             for n, c in r["check"].items():
                 if not c["ok"]:

@@ -2,7 +2,10 @@
 
 Random weights, a paged cache holding requests of different lengths, sliding and full layers;
 each step runs MuseAttentionDecode (qkv_front then attn2), prints its time and backend, and the
-last step of each layer is checked against the float64 evaluation of muse_ops.testing.
+last step of each layer is checked against the float64 evaluation of muse_ops.testing. On a GPU,
+the layer's step is then timed by CUDA-graph replay (cold weights and KV) beside the stock path's
+(cuBLAS, the Triton q/k-norm + RoPE + insert, FlashInfer, the Triton norm-gate) and the
+reference's, with the bench's code (bench/layer.py: part of the source checkout, not installed).
 """
 from __future__ import annotations
 
@@ -69,8 +72,35 @@ def run_demo(device: str = "auto", steps: int = 3, lengths=(40, 333, 1500, 2600)
         ok_all &= ok
         print(f"  last step vs float64: max |err| {max_err:.2e}, mean |err| {mean_err:.2e} -> "
               f"{'OK' if ok else 'FAIL'}")
+        if dev.type == "cuda":
+            print("  " + compare_step_times(dev, cfg, [n + steps * q_len for n in lens]))
     print("demo: " + ("all checks passed" if ok_all else "CHECK FAILED"))
     return ok_all
+
+
+def compare_step_times(dev, cfg: DeploymentConfig, lengths) -> str:
+    """One line: this layer's step (requests of these lengths) by CUDA-graph replay, us, for
+    muse's default backend, the stock path and the reference; a path that cannot run says why."""
+    from .__main__ import _checkout_root
+    root = _checkout_root()
+    if root is None:
+        return "step time vs the stock path: needs the source checkout's bench/ (not installed)"
+    import sys
+    sys.path.insert(0, str(root))
+    from bench import cases, layer, timing
+    from bench.contenders import Absent
+    case = layer.LayerCase(cases.Attn2Case("demo", list(lengths), cfg.window, cfg.max_seq_len,
+                                           kv_heads=cfg.kv_heads, q_len=cfg.q_len, scale=cfg.scale))
+    inp = layer.build_layer(case, dev, timing.l2_bytes(dev))
+    cells = []
+    for name, label in (("muse:" + backends.last_backend("attn2"), "muse"), ("stock", "stock"),
+                        ("muse:reference", "reference")):
+        try:
+            us = timing.graph_time_us(layer.build_layer_contender(name, inp, dev), inp.sets)["us"]
+            cells.append(f"{label} {us:.1f}")
+        except Absent as exc:
+            cells.append(f"{label}: {exc}")
+    return "step time (CUDA graph, cold weights and KV, us): " + " | ".join(cells)
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,17 @@ import torch
 from .config import GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 
 ATOL, RTOL, MEAN_ATOL = 2e-2, 1e-2, 2e-3     # |err| <= ATOL + RTOL |ref| everywhere, mean |err| <= MEAN_ATOL
+# A layer step (qkv_front then attn2) against float64, or two backends' steps against each other:
+# attn2 is held to the op tolerance given its y, but two evaluations of qkv_front may round an
+# element of q' (or of a cached k') one bf16 ulp apart, and attention amplifies it: the logits are
+# scale * q'.k with |q'| = 8 per head and scale 0.68, so a softmax over a few dominant keys moves
+# with them (measured on the H200: bench layer rows, up to 28 of 1M outputs outside the op bound
+# with max |err| 0.05, the reference backend as well as the kernels; the 50-step serving test, up
+# to 20 of 49152 in one step, max 0.10, all in one head's output row). So a layer passes with at
+# most LAYER_OUTLIERS of its elements (and at least one head row, 64: a perturbed q' moves the rms
+# norm of its whole row) outside the op bound, none beyond LAYER_MAX_ABS (gross errors), and the
+# mean as above, which a wrong page, slot, window or head breaks by far.
+LAYER_OUTLIERS, LAYER_MAX_ABS = 1e-3, 0.25
 
 
 def bf16(t: torch.Tensor) -> torch.Tensor:
@@ -98,6 +109,22 @@ def tolerance_report(got: torch.Tensor, ref64: torch.Tensor, mean_atol: float = 
     n_bad = int(bad.sum())
     return {"ok": n_bad == 0 and mean <= mean_atol, "bad": n_bad,
             "max_abs": float(err.nan_to_num(float("inf")).max()) if err.numel() else 0.0, "mean_abs": mean}
+
+
+def layer_tolerance_report(got: torch.Tensor, ref64: torch.Tensor) -> dict:
+    """tolerance_report for a layer's output (see LAYER_OUTLIERS): "ok" allows the outlier budget."""
+    rep = tolerance_report(got, ref64)
+    rep["budget"] = max(LAYER_OUTLIERS * got.numel(), HEAD_DIM)
+    rep["ok"] = rep["bad"] <= rep["budget"] and rep["max_abs"] <= LAYER_MAX_ABS and rep["mean_abs"] <= MEAN_ATOL
+    return rep
+
+
+def assert_layer_close(got: torch.Tensor, ref64: torch.Tensor, what: str = "layer output") -> None:
+    rep = layer_tolerance_report(got, ref64)
+    if not rep["ok"]:
+        raise AssertionError(f"{what}: {rep['bad']} of {got.numel()} elements outside the op bound (budget "
+                             f"{rep['budget']:.0f}), max |err| {rep['max_abs']:.3e} (bound "
+                             f"{LAYER_MAX_ABS}), mean |err| {rep['mean_abs']:.3e} (bound {MEAN_ATOL})")
 
 
 def assert_close(got: torch.Tensor, ref64: torch.Tensor, what: str = "output", mean_atol: float = MEAN_ATOL) -> None:

@@ -10,14 +10,14 @@ def test_bench_cpu_quick(tmp_path, capsys):
     md = tmp_path / "bench.md"
     assert run.main(["--device", "cpu", "--quick", "--json", str(out), "--markdown", str(md)]) == 0
     res = json.loads(out.read_text())
-    assert res["device_type"] == "cpu" and res["attn2"] and res["qkv_front"]
-    for op in ("attn2", "qkv_front"):
+    assert res["device_type"] == "cpu" and res["attn2"] and res["qkv_front"] and res["layer"]
+    for op in ("attn2", "qkv_front", "layer"):
         for row in res[op]:
             assert row["results"]["muse:reference"]["us"] > 0
             assert "absent" in row["results"]["muse:cutedsl"]          # reported, not faked
             assert row["check"]["muse:reference"]["ok"]
     text = md.read_text()
-    assert text.startswith("## ") and "attn2" in text and "muse:reference" in text
+    assert text.startswith("## ") and "attn2" in text and "### layer" in text and "muse:reference" in text
     assert "| case |" in capsys.readouterr().out
     appended = tmp_path / "RESULTS.md"
     appended.write_text("# header\n")

@@ -5,8 +5,7 @@ machine: the compiled object is exported as a relocatable object file (the DSL's
 and a later process loads it in milliseconds instead of tracing and compiling it again (1-3 s a
 variant). The file name hashes the variant's key (the family, its compile-time parameters, the
 compile options) and the directory is named by a fingerprint of everything that could change the
-code: every source file of this package's `cutedsl/` folder, the cutlass DSL, TVM-FFI and Python
-versions. Any edit of a kernel therefore lands in a new directory, and nothing stale is loaded.
+code: every source file of this package's `cutedsl/` folder, the cutlass DSL and TVM-FFI versions. Any edit of a kernel therefore lands in a new directory, and nothing stale is loaded.
 
 Several processes may compile the same variant at once (a multi-GPU server starting, the test
 workers): each entry is written to a private temporary file and renamed into place under an
@@ -25,7 +24,6 @@ import functools
 import hashlib
 import logging
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -47,7 +45,8 @@ def fingerprint() -> str:
     import cutlass
     import tvm_ffi
     h = hashlib.sha256()
-    h.update(f"py{sys.version_info.major}.{sys.version_info.minor}".encode())
+    # no Python version: an exported object is C (TVM-FFI ABI), so a cache built by one Python
+    # (or on a CPU machine, for sm_90a) serves another
     h.update(f"cutlass={getattr(cutlass, '__version__', '?')} tvm_ffi={getattr(tvm_ffi, '__version__', '?')}".encode())
     root = Path(__file__).resolve().parent
     for src in sorted(root.glob("*.py")):

@@ -22,6 +22,11 @@ MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_spl
 SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB (barriers, indices, alignment)
 PARTIAL_ROW = HEAD_DIM + 4       # fp32 per (token, head) row of a partial in smem (+4: fewer bank conflicts)
 INDEX_DTYPES = ("int32", "int64")
+# The PDL trigger after the main loop (the next kernel launches while this one's epilogue runs) is
+# compiled into the variants of token tiles up to this: in a stack of layers it saved 0.7-1 us per
+# layer at B=1 (M=8), but from B=8 (M=64) on, letting attn2 launch that early made the stack slower
+# (B=64: 103.6 us per layer against 98.2 without it; bench/chain.py, bench/RESULTS.md).
+TRIGGER_MAX_TILE = 16
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Above
 # 128 tokens a CTA computes two heads, so x is read from L2 half as often (the large-M cases are
@@ -94,6 +99,7 @@ class QkvFrontConfig:
                slot_dtype: str = "int64", stages: int | None = None, **over) -> "QkvFrontConfig":
         assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
+        over.setdefault("trigger", token_tile <= TRIGGER_MAX_TILE)
         if stages is None:   # as deep as shared memory allows, up to 8 stages
             stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))
             stages = max(2, min(8, SMEM_LIMIT // stage))

@@ -1,0 +1,191 @@
+"""Layer cases of the bench: one attention layer's whole decode / verify step, x -> out (before
+o_proj), the new keys and values inserted into the paged cache.
+
+Contenders (each in one CUDA graph per replay, over rotating input sets like the op cases):
+  muse:<backend>   MuseAttentionDecode.forward (qkv_front then attn2; the step's checks run on the
+                   host, outside the graph)
+  stock            the stock serving path on the kernels available here: cuBLAS (torch.matmul) for
+                   the projection, the Triton q/k-norm + RoPE + cache insert (bench/stock_triton.py)
+                   into FlashInfer's HND K/V caches, FlashInfer's paged attention (the fastest peer
+                   of the attn2 table; bench/flashinfer_peer.py), the Triton norm-gate
+Floor: weight + KV bytes (+ x, out and the inserted rows) at the measured copy bandwidth.
+
+Cases are (B, L, window, q_len, Hkv): full layers have no RoPE, sliding layers (window 2048) do,
+as the model puts them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from muse_ops.config import GROUP, HEAD_DIM, HIDDEN, DeploymentConfig, proj_cols
+
+from . import cases as C
+from . import flashinfer_peer, stock_triton
+from .contenders import Absent
+
+LAYER_CASES = [(1, 8192, 0), (8, 8192, 0), (32, 8192, 0), (64, 8192, 0), (128, 8192, 0),
+               (64, 8192, 2048), (128, 16384, 2048),
+               (1, 8192, 0, 1, 2), (64, 8192, 0, 1, 2), (128, 16384, 0, 1, 2),
+               (1, 8192, 0, 8, 1), (1, 8192, 0, 8, 4), (1, 8192, 0, 8, 16),
+               (32, 4096, 0, 8, 1), (32, 4096, 0, 8, 4), (32, 4096, 0, 8, 16)]
+QUICK_GPU_LAYER = [(1, 8192, 0), (64, 8192, 0), (128, 16384, 2048)]
+PEERS_LAYER = ("stock",)
+
+
+@dataclass
+class LayerCase:
+    attn: C.Attn2Case
+
+    @property
+    def name(self) -> str:
+        return self.attn.name
+
+    @property
+    def kv_heads(self) -> int:
+        return self.attn.kv_heads
+
+    @property
+    def config(self) -> DeploymentConfig:
+        a = self.attn
+        return DeploymentConfig(kv_heads=a.kv_heads, q_len=a.q_len, window=a.window, max_seq_len=a.max_seq_len,
+                                scale=a.scale, max_batch=a.batch)
+
+    def bytes(self) -> int:
+        """weight + the KV rows attn2 reads + x + out + y round trip inside attn2's count + inserted rows."""
+        a = self.attn
+        rows = a.batch * a.q_len
+        weight = proj_cols(a.kv_heads) * HIDDEN * 2
+        inserted = rows * a.kv_heads * 2 * HEAD_DIM * 2
+        return weight + a.bytes() + rows * HIDDEN * 2 + inserted
+
+
+def layer_case(spec) -> LayerCase:
+    return LayerCase(C.attn2_case(spec))
+
+
+@dataclass
+class LayerInputs:
+    case: LayerCase
+    kv: C.Attn2Inputs                  # the page pool, per-set page tables and the lengths
+    weights: list[torch.Tensor]        # per set, [N, 8192]
+    xs: list[torch.Tensor]             # per set, [B q_len, 8192]
+    positions: list[torch.Tensor]
+    slots: list[torch.Tensor]
+    sets: int
+    note: str = ""
+    extra: dict | None = None
+
+
+def build_layer(case: LayerCase, device, l2: int, sets: int | None = None, seed: int = 0) -> LayerInputs:
+    from muse_ops.paged import block_positions, block_slots
+    a = case.attn
+    n = proj_cols(a.kv_heads)
+    wbytes = n * HIDDEN * 2
+    pool_per_set = sum(C.pages_for(L) for L in a.lens) * a.kv_heads * 16 * 2 * HEAD_DIM * 2
+    if sets is None:
+        sets = C.rotation_sets(case.bytes(), pool_per_set + wbytes, l2, max_sets=64)
+    kv = C.build_attn2(a, device, l2, sets=sets, seed=seed)
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    weights = []
+    for _ in range(sets):
+        w = torch.empty((n, HIDDEN), dtype=torch.bfloat16, device=device)
+        w.normal_(0.0, HIDDEN ** -0.5, generator=g)
+        weights.append(w)
+    rows = a.batch * a.q_len
+    xs = [torch.randn((rows, HIDDEN), generator=g, device=device).to(torch.bfloat16) for _ in range(sets)]
+    positions = [block_positions(kv.seq_lens, a.q_len) for _ in range(sets)]
+    slots = [block_slots(t, kv.seq_lens, a.q_len) for t in kv.page_tables]
+    note = f"{sets} sets (weight copy + KV pages each), {sets * case.bytes() / 2**20:.0f} MiB rotated"
+    return LayerInputs(case, kv, weights, xs, positions, slots, sets, note, {})
+
+
+def layer_contenders(device) -> list[str]:
+    names = ["muse:cutedsl", "muse:reference"]
+    if torch.device(device).type == "cuda":
+        names += ["stock"]
+    return names
+
+
+def build_layer_contender(name: str, inp: LayerInputs, device):
+    c = inp.case
+    a = c.attn
+    if name.startswith("muse:"):
+        import muse_ops
+        backend = name.split(":", 1)[1]
+        cfg = c.config
+        layer_kw = {"kv_heads": a.kv_heads, "q_len": a.q_len, "window": a.window, "max_seq_len": a.max_seq_len}
+        for op, variant in (("qkv_front", {"kv_heads": a.kv_heads, "rope": cfg.rope}), ("attn2", layer_kw)):
+            ok, why = muse_ops.available_backends(device, op=op, **variant).get(backend, (False, "unknown backend"))
+            if not ok:
+                raise Absent(f"{op}: {why}")
+        layers = []
+        for w in inp.weights:   # one module per set: the set's weight copy is the module's parameter
+            layer = muse_ops.MuseAttentionDecode(cfg, device=device, backend=backend)
+            layer.qkv_weight.data = w
+            layers.append(layer)
+        layers[0].prepare()
+        for layer in layers[1:]:
+            layer.workspace = layers[0].workspace   # one workspace serves every call of the step stream
+        cache = inp.kv.kv_cache
+
+        def fn(i):
+            with torch.inference_mode():
+                return layers[i](inp.xs[i], inp.positions[i], inp.slots[i], cache, inp.kv.page_tables[i],
+                                 inp.kv.seq_lens)
+        return fn
+    if torch.device(device).type != "cuda":
+        raise Absent("needs CUDA")
+    if name == "stock":
+        return _stock(inp, device)
+    raise Absent(f"unknown contender {name}")
+
+
+def _stock(inp: LayerInputs, device):
+    """cuBLAS -> Triton q/k-norm + RoPE + insert (into FlashInfer's caches) -> FlashInfer -> Triton norm-gate."""
+    c = inp.case
+    a = c.attn
+    if not stock_triton.HAVE_TRITON:
+        raise Absent(f"triton not importable ({stock_triton.TRITON_IMPORT_ERROR})")
+    hq = GROUP * a.kv_heads
+    try:
+        k_cache, v_cache = flashinfer_peer.hnd_caches(inp.kv.kv_cache)
+        attn = flashinfer_peer.PagedAttention(inp.kv.page_tables, inp.kv.seq_lens, k_cache, v_cache, q_len=a.q_len,
+                                              q_heads=hq, kv_heads=a.kv_heads, window=a.window, scale=a.scale)
+    except flashinfer_peer.Absent as exc:
+        raise Absent(str(exc))
+    cos_sin = None
+    if c.config.rope:
+        from muse_ops.reference import rope_cos_sin
+        cos_sin = rope_cos_sin(a.max_seq_len, device=device)
+    k_rows, v_rows = k_cache.transpose(1, 2), v_cache.transpose(1, 2)    # [page, row, head, 64] views
+
+    def fn(i):
+        y = torch.matmul(inp.xs[i], inp.weights[i].t())
+        stock_triton.qk_norm_rope_insert(y, inp.positions[i], inp.slots[i], cos_sin, k_rows, v_rows, a.kv_heads)
+        o = attn.run(y[:, :hq * HEAD_DIM].view(-1, hq, HEAD_DIM), i)
+        return stock_triton.norm_gate(o, y, a.kv_heads)
+    return fn
+
+
+def layer_reference(inp: LayerInputs):
+    """The float64 evaluation of set 0's step, a thunk the bench calls before the first contender
+    runs: qkv_front's y, the block's k | v rows (bf16) written into set 0's slots (what the step
+    inserts, so every contender's attention reads the same history plus its own insert), then
+    attn2 over that cache."""
+    from muse_ops.config import PAGE_SIZE
+    from muse_ops.reference import rope_cos_sin
+    from muse_ops.testing import attn2_f64, inserted_rows_f64, qkv_front_f64
+    c = inp.case
+    a = c.attn
+
+    def ref():
+        cos_sin = rope_cos_sin(a.max_seq_len, device=inp.xs[0].device) if c.config.rope else None
+        y64 = qkv_front_f64(inp.xs[0], inp.weights[0], inp.positions[0], cos_sin, a.kv_heads)
+        slots = inp.slots[0]
+        cache = inp.kv.kv_cache
+        cache[slots // PAGE_SIZE, :, slots % PAGE_SIZE] = inserted_rows_f64(y64, a.kv_heads).to(cache.dtype)
+        return attn2_f64(y64.to(torch.bfloat16), cache, inp.kv.page_tables[0], inp.kv.seq_lens,
+                         q_len=a.q_len, window=a.window, scale=a.scale)
+    return ref
