@@ -3,9 +3,9 @@ CUDA graph, against the same kernels timed alone.
 
 Both kernels launch with programmatic dependent launch: a grid may start while its predecessor
 in the stream runs, and waits (griddepcontrol.wait) before it touches what the predecessor
-writes. qkv_front streams its weight before the wait; attn2 prefetches its TMA descriptors and
-reads its page table before it. So in a stack, each kernel's prologue overlaps its predecessor's
-tail, and a layer step costs less than qkv_front alone + attn2 alone.
+writes; qkv_front streams its weight before the wait. Whether a stack gains from that (each
+kernel's prologue overlapping its predecessor's tail) is what this measures: a CTA of either
+kernel can only start where an SM has room, and qkv_front's CTAs take a whole SM each.
 
 Measured per case, per layer (us), LAYERS layers with their own weights and caches (cold, as in a
 model, where each layer's weight and KV are read once a step):

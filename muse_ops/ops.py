@@ -161,9 +161,15 @@ def _plain_eager(*tensors) -> bool:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+        if t is not None and (type(t) not in _PLAIN_TYPES or (grad and t.requires_grad)):
             return False
     return True
+
+
+# nn.Parameter (MuseAttentionDecode's weight) is a Tensor subclass with torch-function dispatch
+# disabled: as plain as a Tensor for this purpose (measured on the H200, the layer's eager step
+# went through the dispatcher for its weight alone)
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, backend: str | None = None) -> torch.Tensor:

@@ -168,6 +168,10 @@ def test_eager_calls_bypass_the_dispatcher_only_when_nothing_traces(attn_case):
     from muse_ops.ops import _plain_eager
     y, cache, b = attn_case
     assert _plain_eager(y, cache, b.page_table, b.seq_lens, None)
+    # a module's weight (a Parameter that does not require grad) is plain too; one that requires
+    # grad, with grad mode on, is not (the registered op refuses it)
+    assert _plain_eager(torch.nn.Parameter(y.clone(), requires_grad=False), cache)
+    assert not _plain_eager(torch.nn.Parameter(y.float().clone()), cache)
     assert not _plain_eager(y.clone().requires_grad_(False), cache, torch.ones(1, requires_grad=True))
     with FakeTensorMode() as mode:
         assert not _plain_eager(mode.from_tensor(y))
