@@ -9,7 +9,7 @@ def chunk_bounds(n_steps, n_chunks):
     return [(j * n_steps // n_chunks, (j + 1) * n_steps // n_chunks) for j in range(n_chunks)]
 
 
-@pytest.mark.parametrize("per_sub", [A.SUB_CHUNKS, 1])
+@pytest.mark.parametrize("per_sub", [A.SUB_CHUNKS, A.WINDOW_SUB_CHUNKS, 1])
 def test_tree_covers_every_step_once_and_balances_subs(per_sub):
     for n_steps in range(1, 4097):
         c_max, n_chunks, n_subs, n_nodes = A.split_plan(n_steps, per_sub)
@@ -29,7 +29,8 @@ def test_tree_covers_every_step_once_and_balances_subs(per_sub):
 def test_deployment_maxima_bound_every_length(q_len, window, max_seq_len):
     cfgs = [A.Attn2Config.create(q_len, window, max_seq_len, layout) for layout in A.deployment_layouts(window)]
     assert [c.layout for c in cfgs] == list(A.deployment_layouts(window))   # none coerced
-    assert A.Attn2Config.create(q_len, window, max_seq_len, "wide").wide == (window == 0)
+    assert A.Attn2Config.create(q_len, window, max_seq_len, "wide").wide
+    assert not A.Attn2Config.create(q_len, window, max_seq_len, "wide", chunks_per_sub=1).wide   # wide = deep there
     for L in range(q_len, max_seq_len + 1, 61):
         first = max(0, L - q_len - window + 1) // 16 if window else 0
         for cfg in cfgs:

@@ -19,7 +19,8 @@ Design (split KV with cluster and workspace merges on wgmma + TMA; one reduction
 request whatever the batch; docs/DESIGN.md section 11):
 - The reduction tree of a request depends on its own L and the deployment only (split_plan): its
   visible pages are cut into ring steps of SP pages; about steps // 32 nodes (1 to NODES_MAX = 8,
-  so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub (1 for window deployments);
+  so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub (WINDOW_SUB_CHUNKS = 4 for
+  window deployments, whose ~33 steps make one node: 8 chunks);
   chunk j covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online
   softmax from the identity I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a
   node is fold(fold(I, sub 2i), sub 2i + 1) (a missing sub is I); the output is the flat sum of
@@ -27,16 +28,16 @@ request whatever the batch; docs/DESIGN.md section 11):
   (_fold_w / _fold_v: max, ex2.approx, mul.rn, fma.rn) wherever it runs, so its bits do not depend
   on which CTA, thread or layout ran it.
 - Two layouts of that tree on CTAs, chosen on the host from the batch shape (choose_layout):
-  wide (R * Hkv <= WIDE_MAX_PAIRS, no window): one CTA per chunk, an 8-CTA cluster per sub, so a
-  single request at L = 8192 runs on 128 CTAs of 2 steps; deep (otherwise): one CTA per sub,
-  which folds its chunks in a second register accumulator (acc_*; none where a sub is one chunk,
-  i.e. window deployments), a CTA pair per node. Both compute the same tree,
+  wide (R * Hkv <= WIDE_MAX_PAIRS, or WIDE_MAX_PAIRS_WINDOW with a window): one CTA per chunk, a
+  cluster of a sub's chunks (8, or 4 with a window), so a single request at L = 8192 runs on 128
+  CTAs of 2 steps; deep (otherwise): one CTA per sub, which folds its chunks in a second register
+  accumulator (acc_*), a CTA pair per node. Both compute the same tree,
   so a request's bits depend neither on the batch (batch invariance) nor on timing (fixed fold
   orders). Why: every CTA pays three dependent loads (seq_len -> page table -> first KV, ~2 us)
   and a merge (~2 us) around its steps, and one warpgroup alone on an SM takes ~0.65 us per
   step (measured with globaltimer stamps, bench/RESULTS.md): a request alone needs many short
   CTAs, a full batch needs few long ones. The price in deep: a second O accumulator (126
-  registers, 4 CTAs per SM; 91 and 5 for window deployments) and a fold per chunk.
+  registers, 4 CTAs per SM) and a fold per chunk.
 - PDL: every launch may start while its predecessor in the stream runs; griddepcontrol.wait
   comes before the first global access (only the TMA descriptor prefetch and the mbarrier init
   precede it), so any predecessor is safe. A wide grid of at most one working CTA per SM
@@ -117,6 +118,7 @@ from ..config import CACHE_ROW, GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_PAGE, BAD_SEQ_LEN
 from . import compile_cache, runtime
 from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, SUB_CHUNKS, THREADS, WIDE_MAX_PAIRS,  # noqa: F401
+                         WIDE_MAX_PAIRS_WINDOW, WINDOW_SUB_CHUNKS,
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
                          workspace_bytes, workspace_layout)
@@ -388,7 +390,7 @@ class Attn2Sm90:
             first_page = key_lo // PAGE_SIZE
             last_page = (L - 1) // PAGE_SIZE
             n_steps = (last_page - first_page + SP) // SP
-            n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_steps // NODE_MIN_STEPS))
+            n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_steps // self.cfg.node_min_steps))
             SUBC = self.SUBC
             n_chunks = cutlass.min(2 * SUBC * n_nodes, n_steps)
             n_subs = (n_chunks + SUBC - 1) // SUBC

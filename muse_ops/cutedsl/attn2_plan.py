@@ -21,27 +21,35 @@ MAX_SEQ_LEN = 2**21   # a CTA stages its page-table slice in shared memory (32 K
 
 # The reduction tree. Its shape depends on a request's own L only; which CTAs compute which part
 # of it (the wide or the deep layout) depends on the batch, and the bits do not.
-SUB_CHUNKS = 8         # chunks per sub = CTAs of a wide cluster (1 for window deployments)
+SUB_CHUNKS = 8         # chunks per sub = CTAs of a wide cluster (WINDOW_SUB_CHUNKS with a window)
+WINDOW_SUB_CHUNKS = 4  # the same with a window (sub_chunks)
 NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); measured against 16
                        # and 4 (us): B=16 L=65536 136 / 149 / 160, mixed B=64 158 / 164 / 166,
                        # B=1 L=131072 27.4 / 29.6 / 35.8, B=128 L=16384 309 / 310 / 284
 NODE_MIN_STEPS = 32    # ring steps per node before a second node is opened
 WIDE_MAX_PAIRS = 16    # the wide layout runs up to this many (request, KV head) pairs per launch
+WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
 
 
 def sub_chunks(window: int) -> int:
-    """Chunks per sub of a deployment. A window bounds every request to ~33 steps, where batches
-    are what matters: such deployments keep one chunk per sub and always run the deep layout (no
-    chunk folds in the loop; measured 27.9 / 48.4 us at B=64 / 128 W=2048 with 8 chunks per sub)."""
-    return 1 if window > 0 else SUB_CHUNKS
+    """Chunks per sub of a deployment. A window bounds every request to ~33 steps, one node: with
+    one chunk per sub (the first design) that tree has 2 chunks, so a small batch ran on 2 CTAs per
+    (request, KV head) and took 17.6 us at B=1 W=2048 whatever L. With 4 chunks per sub the tree
+    has 8 chunks: the wide layout runs them on 8 CTAs at small batches, the deep one folds 4 in
+    a CTA at large ones. Measured on the H200 (tools/attn2_dev/ab.py, us; W=2048, L=8192, B=128
+    at L=16384; 1 / 2 / 4 / 8 chunks per sub, wide at B <= 16, deep above):
+    B=1 17.6 / 12.9 / 9.2 / 7.2, B=8 18.4 / 13.6 / 11.8 / 11.2, B=16 18.6 / 14.1 / 14.3 / 14.7,
+    B=64 25.2 / 25.6 / 25.9 / 26.8, B=128 42.6 / 42.5 / 42.8 / 43.5."""
+    return WINDOW_SUB_CHUNKS if window > 0 else SUB_CHUNKS
 
 
-def split_plan(n_steps: int, chunks_per_sub: int = SUB_CHUNKS) -> tuple[int, int, int, int]:
+def split_plan(n_steps: int, chunks_per_sub: int = SUB_CHUNKS,
+               node_min_steps: int = NODE_MIN_STEPS) -> tuple[int, int, int, int]:
     """(most steps of a chunk, chunks, subs, nodes) of a request with n_steps ring steps, exactly
     as the kernel derives them from L: about n_steps // 32 nodes (1 to NODES_MAX) of 16 chunks,
     chunk j covering steps [j * n_steps // chunks, (j + 1) * n_steps // chunks), so the subs of a
     request (the work of a deep CTA) differ by at most one step."""
-    nodes = max(1, min(NODES_MAX, n_steps // NODE_MIN_STEPS))
+    nodes = max(1, min(NODES_MAX, n_steps // node_min_steps))
     n_chunks = min(2 * chunks_per_sub * nodes, n_steps)
     n_subs = -(-n_chunks // chunks_per_sub)
     return -(-n_steps // n_chunks), n_chunks, n_subs, -(-n_subs // 2)
@@ -63,6 +71,8 @@ class Attn2Config:
     sp: int = 4       # pages per ring step (keys per step = 16 * sp, the N of S = Q K^T)
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
     pdl: bool = True  # programmatic dependent launch (griddepcontrol.wait before any global access)
+    node_min_steps: int = NODE_MIN_STEPS   # ring steps per node before another is opened (split_plan)
+    chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
 
     @property
     def mr(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -74,7 +84,7 @@ class Attn2Config:
 
     @property
     def sub_chunks(self):
-        return sub_chunks(self.window)
+        return self.chunks_per_sub or sub_chunks(self.window)
 
     @property
     def wide(self):
@@ -111,7 +121,8 @@ class Attn2Config:
     @staticmethod
     def create(q_len: int, window: int, max_seq_len: int, layout: str = "deep",
                stages: int | None = None, min_blocks: int | None = None,
-               pdl: bool = True) -> "Attn2Config":
+               pdl: bool = True, node_min_steps: int | None = None,
+               chunks_per_sub: int | None = None) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). Measured on the H200
         # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
@@ -124,20 +135,24 @@ class Attn2Config:
         else:
             vis_pages = (max_seq_len + PAGE_SIZE - 1) // PAGE_SIZE
         steps = (vis_pages + sp - 1) // sp
-        if window > 0 and layout == "wide":
-            layout = "deep"       # sub_chunks(): a window deployment has no wide layout
+        per_sub = chunks_per_sub or sub_chunks(window)
+        if per_sub == 1 and layout == "wide":
+            layout = "deep"       # with one chunk per sub the wide layout is the deep one
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
-        plans = [split_plan(n, sub_chunks(window)) for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
+        if node_min_steps is None:
+            node_min_steps = NODE_MIN_STEPS
+        plans = [split_plan(n, per_sub, node_min_steps)
+                 for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
         nodes_max = max(p[3] for p in plans)
         if stages is None:
             stages = 2
         if min_blocks is None:
-            # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91, window
-            # deployments); wide: no bound (94 registers)
-            min_blocks = (5 if sub_chunks(window) == 1 else 4) if layout == "deep" else 0
+            # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91: one
+            # chunk per sub, a dev override now); wide: no bound (94 registers)
+            min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 0
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, sp,
-                          min_blocks, pdl)
+                          min_blocks, pdl, node_min_steps, chunks_per_sub or 0)
         # the merge buffer (MR x 64 fp32) reuses the K and V rings
         assert 2 * cfg.stages * cfg.nk * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         return cfg
@@ -157,15 +172,16 @@ def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tupl
 def choose_layout(num_requests: int, kv_heads: int, window: int = 0) -> str:
     """The layout a launch uses, a host decision on shapes and the deployment only (the bits do
     not depend on it): wide for few (request, KV head) pairs, where a CTA per chunk fills the GPU;
-    deep otherwise, and always with a window. (A third layout, one CTA per node for window
-    deployments, measured no faster than deep: B=128 W=2048 43.9 against 43.0 us, B=64 W=2048
-    34.0 against 25.3.)"""
-    return "wide" if window == 0 and num_requests * kv_heads <= WIDE_MAX_PAIRS else "deep"
+    deep otherwise. With a window, wide up to 32 pairs (B=16 at Hkv 2, W=2048: wide 14.3 us,
+    deep 19.7; B=32: 20.1 and 20.3). (A third layout, one CTA per node for window deployments,
+    measured no faster than deep: B=128 W=2048 43.9 against 43.0 us, B=64 W=2048 34.0 against 25.3.)"""
+    limit = WIDE_MAX_PAIRS_WINDOW if window > 0 else WIDE_MAX_PAIRS
+    return "wide" if num_requests * kv_heads <= limit else "deep"
 
 
 def deployment_layouts(window: int) -> tuple[str, ...]:
     """Every layout a deployment may launch (what prepare compiles)."""
-    return ("deep", "wide") if window == 0 else ("deep",)
+    return ("deep", "wide")
 
 
 def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", **over) -> "Attn2Config":
