@@ -81,7 +81,7 @@ def _qkv_front_impl(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tens
         return x.new_empty((0, weight.shape[0]))
     if name == "reference":
         return qkv_front_ref(x, weight, positions, slots, cos_sin, kv_cache)
-    from .cutedsl import qkv_front as kernel
+    from .cutedsl import launch as kernel
     y = x.new_empty((x.shape[0], weight.shape[0]))
     kernel.launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag(x.device))
     return y
@@ -120,7 +120,7 @@ def _attn2_impl(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tenso
     out = y.new_empty((y.shape[0], GROUP * kv_cache.shape[1] * HEAD_DIM))
     if r == 0:
         return out
-    from .cutedsl import attn2 as kernel
+    from .cutedsl import launch as kernel
     kernel.launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag(y.device),
                         q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len)
     return out

@@ -116,7 +116,8 @@ from cuda.bindings import driver as cuda
 
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_PAGE, BAD_SEQ_LEN
-from . import compile_cache, runtime
+from . import runtime
+from .launch import compile_attn2, launch_attn2  # noqa: F401  (the host path)
 from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, SUB_CHUNKS, THREADS, WIDE_MAX_PAIRS,  # noqa: F401
                          WIDE_MAX_PAIRS_WINDOW, WINDOW_SUB_CHUNKS,
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
@@ -812,13 +813,7 @@ class Attn2Sm90:
 
 
 # ------------------------------------------------------------------------------------ host
-def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
-    """The compiled variant cfg (compile cache: memory, then disk, then cute.compile against fake
-    tensors, CPU or GPU), called with torch tensors on torch's current stream."""
-    return compile_cache.get(("attn2", cfg.compile_key, extra_options), lambda: _compile(cfg, extra_options),
-                             disk=not extra_options)
-
-
+# compile_attn2 and launch_attn2 live in launch.py (no cutlass import); this is the compile
 def _compile(cfg: Attn2Config, extra_options: str):
     runtime.require_dsl()
     rows = cute.sym_int()
@@ -846,21 +841,6 @@ compile_variant = compile_attn2   # the name the registry calls
 def prepare(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> list:
     """Compile (or load from the disk cache) the variants of a deployment (build time)."""
     return [compile_attn2(cfg) for cfg in deployment_variants(kv_heads, q_len, window, max_seq_len)]
-
-
-def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
-                 window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None) -> None:
-    """Write out on torch's current stream (graph-capturable; no host sync)."""
-    R = seq_lens.shape[0]
-    if R == 0:
-        return
-    cfg = launch_config(R, kv_cache.shape[1], q_len, window, max_seq_len, _cfg_override)
-    need = workspace_layout(cfg, R, kv_cache.shape[1])[2]
-    if workspace.numel() < need:
-        raise ValueError(f"workspace: need {need} bytes for {R} requests, got {workspace.numel()}")
-    fn = compile_attn2(cfg)
-    fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
-       wave_ctas(y.device))
 
 
 def compile_all_variants_for_ci(max_seq_lens=(2048, 32768, 262144)) -> list:

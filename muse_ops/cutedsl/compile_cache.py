@@ -12,6 +12,9 @@ workers): each entry is written to a private temporary file and renamed into pla
 exclusive file lock; readers take the lock shared. A file that fails to load is removed and the
 variant compiled again.
 
+An ahead-of-time library (muse_ops.cutedsl.aot, $MUSE_OPS_AOT_LIBRARY) is asked before the disk:
+a deployment that ships one needs neither the DSL compiler nor compile time.
+
 Disk location: $MUSE_OPS_CACHE_DIR, else $XDG_CACHE_HOME/muse_ops, else ~/.cache/muse_ops;
 MUSE_OPS_CACHE_DIR=off keeps the cache in memory only. Compiles with extra options (dumps of PTX
 for development) bypass the disk.
@@ -36,7 +39,22 @@ ENV_DIR = "MUSE_OPS_CACHE_DIR"
 
 _memory: dict = {}
 _lock = threading.Lock()
-stats = {"compiled": 0, "loaded": 0, "memory": 0}   # how each lookup was served (tests, prepare)
+stats = {"aot": 0, "compiled": 0, "loaded": 0, "memory": 0}   # how each lookup was served (tests, prepare)
+
+
+def _hash_sources(h) -> None:
+    root = Path(__file__).resolve().parent
+    for src in sorted(root.glob("*.py")):
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """Hash of this folder's kernel sources alone (what an ahead-of-time library is checked by)."""
+    h = hashlib.sha256()
+    _hash_sources(h)
+    return h.hexdigest()[:24]
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,10 +66,7 @@ def fingerprint() -> str:
     # no Python version: an exported object is C (TVM-FFI ABI), so a cache built by one Python
     # (or on a CPU machine, for sm_90a) serves another
     h.update(f"cutlass={getattr(cutlass, '__version__', '?')} tvm_ffi={getattr(tvm_ffi, '__version__', '?')}".encode())
-    root = Path(__file__).resolve().parent
-    for src in sorted(root.glob("*.py")):
-        h.update(src.name.encode())
-        h.update(src.read_bytes())
+    _hash_sources(h)
     return h.hexdigest()[:24]
 
 
@@ -109,7 +124,8 @@ def _entry_name(key) -> str:
 
 def get(key, build: Callable[[], object], *, disk: bool = True):
     """The compiled function of `key` (a tuple of plain values whose repr names the variant):
-    from memory, else from the disk cache, else build() (cute.compile) and store it."""
+    from memory, else the ahead-of-time library (muse_ops.cutedsl.aot), else the disk cache, else
+    build() (cute.compile) and store it. Without the CuTe DSL only the library can serve a key."""
     fn = _memory.get(key)
     if fn is not None:
         stats["memory"] += 1
@@ -118,12 +134,20 @@ def get(key, build: Callable[[], object], *, disk: bool = True):
         fn = _memory.get(key)
         if fn is not None:
             return fn
-        root = cache_dir() if disk else None
-        how = "compiled"
-        if root is None:
-            fn = build()
-        else:
-            fn, how = _disk_get(root, key, build)
+        from . import aot, runtime
+        fn = aot.lookup(key) if disk else None
+        how = "aot"
+        if fn is None:
+            why = runtime.import_error()
+            if why is not None:
+                raise RuntimeError(f"muse_ops: the kernel variant {key[0]} {key[1]} is not in the ahead-of-time "
+                                   f"library ({aot.status()}) and cannot be compiled here: {why}")
+            root = cache_dir() if disk else None
+            how = "compiled"
+            if root is None:
+                fn = build()
+            else:
+                fn, how = _disk_get(root, key, build)
         stats[how] += 1
         _memory[key] = fn
         return fn

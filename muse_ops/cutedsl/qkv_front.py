@@ -62,7 +62,8 @@ from cuda.bindings import driver as cuda
 
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
-from . import compile_cache, runtime
+from . import runtime
+from .launch import compile_qkv_front as compile_variant, launch_qkv_front  # noqa: F401  (the host path)
 from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit
 from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
                              deployment_variants, k_split, launch_config)
@@ -417,13 +418,7 @@ class QkvFrontSm90:
 
 
 # ------------------------------------------------------------------------------------ host
-def compile_variant(cfg: QkvFrontConfig, extra_options: str = ""):
-    """The compiled variant cfg (compile cache: memory, then disk, then cute.compile against fake
-    tensors, CPU or GPU), called with torch tensors on torch's current stream."""
-    return compile_cache.get(("qkv_front", cfg, extra_options), lambda: _compile(cfg, extra_options),
-                             disk=not extra_options)
-
-
+# compile_variant and launch_qkv_front live in launch.py (no cutlass import); this is the compile
 def _compile(cfg: QkvFrontConfig, extra_options: str):
     runtime.require_dsl()
     m = cute.sym_int()
@@ -442,22 +437,6 @@ def _compile(cfg: QkvFrontConfig, extra_options: str):
         fake(Int32, (1,), align=4),                                     # error flag
         Int32(3), runtime.env_stream(),
         options=runtime.compile_options(extra_options))
-
-
-def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag,
-                     _cfg_override: dict | None = None) -> None:
-    """Write y and the cache rows on torch's current stream (graph-capturable; no host sync)."""
-    m = x.shape[0]
-    if m == 0:
-        return
-    rope = cos_sin is not None
-    over = dict(_cfg_override or {})
-    split = over.pop("split", None) or k_split(kv_cache.shape[1])     # dev tools may force another split
-    cfg = launch_config(m, rope, positions.dtype, slots.dtype, over)
-    fn = compile_variant(cfg)
-    if not rope:
-        cos_sin = runtime.dummy_tensor(x.device)
-    fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
 
 
 def prepare(kv_heads: int, rope: bool) -> list:

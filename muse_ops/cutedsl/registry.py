@@ -57,17 +57,17 @@ def support(op: str, device: torch.device, **variant) -> tuple[bool, str]:
 
 def prepare(op: str, **deployment) -> list[dict]:
     """Compile or load every variant `op` may launch in this deployment; one report per variant:
-    {"op", "variant", "how" ("compiled", "loaded" from disk, "memory"), "seconds"}."""
-    from . import compile_cache
+    {"op", "variant", "how" ("aot": the ahead-of-time library, "compiled", "loaded" from the disk
+    cache, "memory"), "seconds"}."""
+    from . import compile_cache, launch
     fam = family(op)
     args = {k: deployment[k] for k in fam.deployment_args}
-    kernel = fam.kernel_module()
     reports = []
     for cfg in fam.plan_module().deployment_variants(**args):
         before = dict(compile_cache.stats)
         t0 = time.perf_counter()
-        kernel.compile_variant(cfg)
-        how = next((k for k in ("compiled", "loaded") if compile_cache.stats[k] > before[k]), "memory")
+        launch.COMPILE[op](cfg)
+        how = next((k for k in ("aot", "compiled", "loaded") if compile_cache.stats[k] > before[k]), "memory")
         reports.append({"op": op, "variant": cfg, "how": how, "seconds": time.perf_counter() - t0})
     return reports
 

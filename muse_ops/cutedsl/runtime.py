@@ -19,18 +19,25 @@ SUPPORTED_CAPABILITY = (9, 0)
 
 
 @functools.lru_cache(maxsize=1)
-def import_error() -> str | None:
-    """Why the CuTe DSL backend cannot be imported here (None when it can). Cached: it asks once."""
-    try:
-        import cutlass  # noqa: F401
-        import cutlass.cute  # noqa: F401
-    except Exception as exc:  # noqa: BLE001  (CPU-only / no cutlass / a cutlass that fails to load)
-        return f"cutlass DSL not importable: {type(exc).__name__}: {exc}"
+def ffi_error() -> str | None:
+    """Why TVM-FFI (which every compiled variant is called through) cannot be imported here."""
     try:
         import tvm_ffi  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         return f"apache-tvm-ffi not importable: {type(exc).__name__}: {exc}"
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def import_error() -> str | None:
+    """Why kernel variants cannot be compiled here (None when they can): the CuTe DSL and TVM-FFI.
+    Cached: it asks once."""
+    try:
+        import cutlass  # noqa: F401
+        import cutlass.cute  # noqa: F401
+    except Exception as exc:  # noqa: BLE001  (CPU-only / no cutlass / a cutlass that fails to load)
+        return f"cutlass DSL not importable: {type(exc).__name__}: {exc}"
+    return ffi_error()
 
 
 def require_dsl() -> None:
@@ -40,10 +47,16 @@ def require_dsl() -> None:
 
 
 def device_support(device) -> tuple[bool, str]:
-    """Whether `device` can run this package's sm_90a kernels, and why not."""
-    why = import_error()
+    """Whether `device` can run this package's sm_90a kernels, and why not: TVM-FFI, and either the
+    CuTe DSL (to compile variants) or an ahead-of-time library (muse_ops.cutedsl.aot)."""
+    why = ffi_error()
     if why is not None:
         return False, why
+    why = import_error()
+    if why is not None:
+        from . import aot
+        if not aot.available():
+            return False, f"{why}; and no ahead-of-time library: {aot.status()}"
     dev = torch.device(device)
     if dev.type != "cuda":
         return False, f"{dev.type} device (the CuTe DSL kernels need an sm_90 GPU)"
