@@ -67,8 +67,7 @@ def run_chain(device, log) -> list[dict]:
 
 
 def _chain_case(device, spec, log) -> dict:
-    from muse_ops.cutedsl.attn2 import launch_attn2
-    from muse_ops.cutedsl.qkv_front import launch_qkv_front
+    from muse_ops.cutedsl.launch import launch_attn2, launch_qkv_front
     a, kv, layers, err = _stack(device, spec)
 
     def front(layer, over):

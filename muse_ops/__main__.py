@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     try:
         if cmd == "demo":
             from .demo import main as demo_main
-            return demo_main(rest)
+            return demo_main(rest, bench_root=_checkout_root())
         if cmd == "bench":
             root = _checkout_root()
             if root is None:

@@ -22,7 +22,7 @@ from .paged import PagedBatch, allocate_kv_cache, block_positions, block_slots
 
 
 def run_demo(device: str = "auto", steps: int = 3, lengths=(40, 333, 1500, 2600), seed: int = 0,
-             backend: str | None = None) -> bool:
+             backend: str | None = None, bench_root=None) -> bool:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -73,16 +73,15 @@ def run_demo(device: str = "auto", steps: int = 3, lengths=(40, 333, 1500, 2600)
         print(f"  last step vs float64: max |err| {max_err:.2e}, mean |err| {mean_err:.2e} -> "
               f"{'OK' if ok else 'FAIL'}")
         if dev.type == "cuda":
-            print("  " + compare_step_times(dev, cfg, [n + steps * q_len for n in lens]))
+            print("  " + compare_step_times(dev, cfg, [n + steps * q_len for n in lens], bench_root))
     print("demo: " + ("all checks passed" if ok_all else "CHECK FAILED"))
     return ok_all
 
 
-def compare_step_times(dev, cfg: DeploymentConfig, lengths) -> str:
+def compare_step_times(dev, cfg: DeploymentConfig, lengths, root) -> str:
     """One line: this layer's step (requests of these lengths) by CUDA-graph replay, us, for
-    muse's default backend, the stock path and the reference; a path that cannot run says why."""
-    from .__main__ import _checkout_root
-    root = _checkout_root()
+    muse's default backend, the stock path and the reference; a path that cannot run says why.
+    root: the source checkout holding bench/ (None: installed without it)."""
     if root is None:
         return "step time vs the stock path: needs the source checkout's bench/ (not installed)"
     import sys
@@ -103,10 +102,10 @@ def compare_step_times(dev, cfg: DeploymentConfig, lengths) -> str:
     return "step time (CUDA graph, cold weights and KV, us): " + " | ".join(cells)
 
 
-def main(argv=None) -> int:
+def main(argv=None, bench_root=None) -> int:
     p = argparse.ArgumentParser(prog="python -m muse_ops demo", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--backend", choices=backends.BACKENDS, default=None)
     a = p.parse_args(argv)
-    return 0 if run_demo(a.device, a.steps, backend=a.backend) else 1
+    return 0 if run_demo(a.device, a.steps, backend=a.backend, bench_root=bench_root) else 1

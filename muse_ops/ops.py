@@ -248,6 +248,6 @@ def prepare(config: DeploymentConfig, device) -> dict:
         name = backends.resolve(op, device, None, record=False, **variant)
         report["backends"][op] = name
         if name == "cutedsl":
-            from .cutedsl import registry
-            report["variants"] += registry.prepare(op, **variant)
+            from .cutedsl import launch
+            report["variants"] += launch.prepare(op, **variant)
     return report

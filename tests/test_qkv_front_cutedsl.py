@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from muse_ops.config import HIDDEN, PAGE_SIZE, proj_cols
+from muse_ops.cutedsl import launch as L
 from muse_ops.errors import BAD_POSITION, BAD_SLOT
 from muse_ops.reference import rope_cos_sin
 from muse_ops.testing import assert_close, inserted_rows_f64, qkv_front_f64
@@ -54,7 +55,7 @@ def run(Q, x, w, positions, slots, cos_sin, cache, err=None, override=None):
     """One launch into a NaN-poisoned y."""
     y = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=torch.bfloat16, device=DEV)
     err = torch.zeros(1, dtype=torch.int32, device=DEV) if err is None else err
-    Q.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err, _cfg_override=override)
+    L.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err, _cfg_override=override)
     return y, err
 
 
@@ -147,16 +148,16 @@ def test_error_flags_and_skipped_rows(cos_sin):
 
 
 def test_cuda_graph_replays_new_inputs(cos_sin):
-    Q = _kernel()
+    _kernel()
     m, kv_heads = 24, 2
     x, w, pos, slots, cache = make_inputs(m, kv_heads, seed=5, num_pages=16)
     y = torch.empty(m, proj_cols(kv_heads), dtype=torch.bfloat16, device=DEV)
     err = torch.zeros(1, dtype=torch.int32, device=DEV)
-    Q.launch_qkv_front(x, w, pos, slots, cos_sin, cache, y, err)
+    L.launch_qkv_front(x, w, pos, slots, cos_sin, cache, y, err)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        Q.launch_qkv_front(x, w, pos, slots, cos_sin, cache, y, err)
+        L.launch_qkv_front(x, w, pos, slots, cos_sin, cache, y, err)
     for seed in (11, 12):
         x2, w2, pos2, slots2, cache2 = make_inputs(m, kv_heads, seed=seed, num_pages=16, pad=3)
         x.copy_(x2), w.copy_(w2), pos.copy_(pos2), slots.copy_(slots2), cache.copy_(cache2)

@@ -12,14 +12,14 @@ import itertools
 import sys
 import time
 
-from muse_ops.cutedsl import attn2, qkv_front, registry
+from muse_ops.cutedsl import launch, registry
 
 MAX_SEQ_LENS = (512, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
 def main() -> int:
     t0 = time.perf_counter()
-    n = len(qkv_front.compile_all_variants_for_ci())
+    n = len(launch.compile_all_for_ci("qkv_front"))
     print(f"qkv_front: {n} variants, {time.perf_counter() - t0:.0f} s", flush=True)
     seen = set()
     for q_len, window, msl in itertools.product((1, 8), (0, 2048), MAX_SEQ_LENS):
@@ -27,7 +27,7 @@ def main() -> int:
                 kv_heads=2, q_len=q_len, window=window, max_seq_len=msl):
             if cfg.compile_key not in seen:
                 seen.add(cfg.compile_key)
-                attn2.compile_attn2(cfg)
+                launch.compile_attn2(cfg)
     print(f"attn2: {len(seen)} variants, {time.perf_counter() - t0:.0f} s total", flush=True)
     return 0
 

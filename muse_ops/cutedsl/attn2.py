@@ -117,7 +117,6 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_PAGE, BAD_SEQ_LEN
 from . import runtime
-from .launch import compile_attn2, launch_attn2  # noqa: F401  (the host path)
 from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, SUB_CHUNKS, THREADS, WIDE_MAX_PAIRS,  # noqa: F401
                          WIDE_MAX_PAIRS_WINDOW, WINDOW_SUB_CHUNKS,
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
@@ -813,7 +812,7 @@ class Attn2Sm90:
 
 
 # ------------------------------------------------------------------------------------ host
-# compile_attn2 and launch_attn2 live in launch.py (no cutlass import); this is the compile
+# compiling, loading and launching a variant live in launch.py (no cutlass import); this is the compile
 def _compile(cfg: Attn2Config, extra_options: str):
     runtime.require_dsl()
     rows = cute.sym_int()
@@ -833,20 +832,3 @@ def _compile(cfg: Attn2Config, extra_options: str):
         fake(Int32, (1,), align=4),                                     # error flag
         Float32(0.5), Int32(cfg.max_seq_len), Int32(132), runtime.env_stream(),
         options=runtime.compile_options(extra_options))
-
-
-compile_variant = compile_attn2   # the name the registry calls
-
-
-def prepare(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> list:
-    """Compile (or load from the disk cache) the variants of a deployment (build time)."""
-    return [compile_attn2(cfg) for cfg in deployment_variants(kv_heads, q_len, window, max_seq_len)]
-
-
-def compile_all_variants_for_ci(max_seq_lens=(2048, 32768, 262144)) -> list:
-    """Compile every variant CI checks (attn2_plan.ci_variants) for sm_90a against fake tensors."""
-    from .attn2_plan import ci_variants
-    done = ci_variants(max_seq_lens)
-    for cfg in done:
-        compile_attn2(cfg)
-    return done

@@ -12,7 +12,8 @@ workers): each entry is written to a private temporary file and renamed into pla
 exclusive file lock; readers take the lock shared. A file that fails to load is removed and the
 variant compiled again.
 
-An ahead-of-time library (muse_ops.cutedsl.aot, $MUSE_OPS_AOT_LIBRARY) is asked before the disk:
+An ahead-of-time library (muse_ops.cutedsl.aot, $MUSE_OPS_AOT_LIBRARY; passed in by the caller,
+launch.py) is asked before the disk:
 a deployment that ships one needs neither the DSL compiler nor compile time.
 
 Disk location: $MUSE_OPS_CACHE_DIR, else $XDG_CACHE_HOME/muse_ops, else ~/.cache/muse_ops;
@@ -122,10 +123,11 @@ def _entry_name(key) -> str:
     return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
 
 
-def get(key, build: Callable[[], object], *, disk: bool = True):
+def get(key, build: Callable[[], object], *, disk: bool = True, library=None):
     """The compiled function of `key` (a tuple of plain values whose repr names the variant):
-    from memory, else the ahead-of-time library (muse_ops.cutedsl.aot), else the disk cache, else
-    build() (cute.compile) and store it. Without the CuTe DSL only the library can serve a key."""
+    from memory, else `library` (an object with lookup(key) and status(): the ahead-of-time
+    library, muse_ops.cutedsl.aot), else the disk cache, else build() (cute.compile) and store it.
+    Without the CuTe DSL only the library can serve a key."""
     fn = _memory.get(key)
     if fn is not None:
         stats["memory"] += 1
@@ -134,14 +136,15 @@ def get(key, build: Callable[[], object], *, disk: bool = True):
         fn = _memory.get(key)
         if fn is not None:
             return fn
-        from . import aot, runtime
-        fn = aot.lookup(key) if disk else None
+        from . import runtime
+        fn = library.lookup(key) if library is not None and disk else None
         how = "aot"
         if fn is None:
             why = runtime.import_error()
             if why is not None:
+                lib = library.status() if library is not None else "none"
                 raise RuntimeError(f"muse_ops: the kernel variant {key[0]} {key[1]} is not in the ahead-of-time "
-                                   f"library ({aot.status()}) and cannot be compiled here: {why}")
+                                   f"library ({lib}) and cannot be compiled here: {why}")
             root = cache_dir() if disk else None
             how = "compiled"
             if root is None:

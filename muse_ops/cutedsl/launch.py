@@ -1,38 +1,72 @@
 """The host path of both kernels, with no cutlass import: pick the variant (the plan modules),
-get its compiled function (compile_cache: the ahead-of-time library, memory, the disk cache,
-else a compile, which imports the kernel module and needs the CuTe DSL), launch it.
+get its compiled function (compile_cache: memory, the ahead-of-time library, the disk cache,
+else a compile by the family's kernel module, which needs the CuTe DSL), launch it. Also what
+`prepare` and CI compile.
 
 A deployment with the ahead-of-time library (muse_ops.cutedsl.aot) runs the kernels through this
 module and TVM-FFI alone: neither the DSL compiler nor compile time at start-up.
+
+_kernel (development tools only): a copy of a kernel module to compile instead of the package's
+(an A/B of two versions of the kernel source); its variants are keyed by the copy's file and
+never written to the disk cache.
 """
 from __future__ import annotations
 
-from . import compile_cache, runtime
+import time
+
+from . import aot, compile_cache, registry, runtime
 from .attn2_plan import Attn2Config, launch_config as attn2_launch_config, wave_ctas, workspace_layout
 from .qkv_front_plan import QkvFrontConfig, k_split, launch_config as qkv_front_launch_config
 
 
-def compile_qkv_front(cfg: QkvFrontConfig, extra_options: str = ""):
+def _get(op: str, key_cfg, extra_options: str, cfg, kernel):
+    key = (op, key_cfg, extra_options) + ((kernel.__file__,) if kernel is not None else ())
+    module = kernel
+
+    def build():
+        return (module or registry.family(op).kernel_module())._compile(cfg, extra_options)
+    return compile_cache.get(key, build, disk=not extra_options and kernel is None, library=aot)
+
+
+def compile_qkv_front(cfg: QkvFrontConfig, extra_options: str = "", _kernel=None):
     """The compiled qkv_front variant cfg, called with torch tensors on torch's current stream."""
-    def build():
-        from . import qkv_front
-        return qkv_front._compile(cfg, extra_options)
-    return compile_cache.get(("qkv_front", cfg, extra_options), build, disk=not extra_options)
+    return _get("qkv_front", cfg, extra_options, cfg, _kernel)
 
 
-def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
+def compile_attn2(cfg: Attn2Config, extra_options: str = "", _kernel=None):
     """The compiled attn2 variant cfg (max_seq_len is a run-time argument: keyed without it)."""
-    def build():
-        from . import attn2
-        return attn2._compile(cfg, extra_options)
-    return compile_cache.get(("attn2", cfg.compile_key, extra_options), build, disk=not extra_options)
+    return _get("attn2", cfg.compile_key, extra_options, cfg, _kernel)
 
 
 COMPILE = {"qkv_front": compile_qkv_front, "attn2": compile_attn2}
 
 
+def prepare(op: str, **deployment) -> list[dict]:
+    """Compile or load every variant `op` may launch in this deployment; one report per variant:
+    {"op", "variant", "how" ("aot": the ahead-of-time library, "compiled", "loaded" from the disk
+    cache, "memory"), "seconds"}."""
+    fam = registry.family(op)
+    args = {k: deployment[k] for k in fam.deployment_args}
+    reports = []
+    for cfg in fam.plan_module().deployment_variants(**args):
+        before = dict(compile_cache.stats)
+        t0 = time.perf_counter()
+        COMPILE[op](cfg)
+        how = next((k for k in ("aot", "compiled", "loaded") if compile_cache.stats[k] > before[k]), "memory")
+        reports.append({"op": op, "variant": cfg, "how": how, "seconds": time.perf_counter() - t0})
+    return reports
+
+
+def compile_all_for_ci(op: str) -> list:
+    """Compile every variant CI checks (the plan's ci_variants) for sm_90a."""
+    done = registry.ci_variants(op)
+    for cfg in done:
+        COMPILE[op](cfg)
+    return done
+
+
 def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag,
-                     _cfg_override: dict | None = None) -> None:
+                     _cfg_override: dict | None = None, _kernel=None) -> None:
     """Write y and the cache rows on torch's current stream (graph-capturable; no host sync)."""
     m = x.shape[0]
     if m == 0:
@@ -41,14 +75,15 @@ def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_fl
     over = dict(_cfg_override or {})
     split = over.pop("split", None) or k_split(kv_cache.shape[1])     # dev tools may force another split
     cfg = qkv_front_launch_config(m, rope, positions.dtype, slots.dtype, over)
-    fn = compile_qkv_front(cfg)
+    fn = compile_qkv_front(cfg, _kernel=_kernel)
     if not rope:
         cos_sin = runtime.dummy_tensor(x.device)
     fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
-                 window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None) -> None:
+                 window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None,
+                 _kernel=None) -> None:
     """Write out on torch's current stream (graph-capturable; no host sync)."""
     r = seq_lens.shape[0]
     if r == 0:
@@ -57,6 +92,6 @@ def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, 
     need = workspace_layout(cfg, r, kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {r} requests, got {workspace.numel()}")
-    fn = compile_attn2(cfg)
+    fn = compile_attn2(cfg, _kernel=_kernel)
     fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
        wave_ctas(y.device))

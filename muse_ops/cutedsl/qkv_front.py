@@ -63,7 +63,6 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
-from .launch import compile_qkv_front as compile_variant, launch_qkv_front  # noqa: F401  (the host path)
 from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit
 from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
                              deployment_variants, k_split, launch_config)
@@ -418,7 +417,7 @@ class QkvFrontSm90:
 
 
 # ------------------------------------------------------------------------------------ host
-# compile_variant and launch_qkv_front live in launch.py (no cutlass import); this is the compile
+# compiling, loading and launching a variant live in launch.py (no cutlass import); this is the compile
 def _compile(cfg: QkvFrontConfig, extra_options: str):
     runtime.require_dsl()
     m = cute.sym_int()
@@ -437,15 +436,3 @@ def _compile(cfg: QkvFrontConfig, extra_options: str):
         fake(Int32, (1,), align=4),                                     # error flag
         Int32(3), runtime.env_stream(),
         options=runtime.compile_options(extra_options))
-
-
-def prepare(kv_heads: int, rope: bool) -> list:
-    """Compile (or load from the disk cache) every variant a deployment may launch."""
-    return [compile_variant(cfg) for cfg in deployment_variants(kv_heads, rope)]
-
-
-def compile_all_variants_for_ci() -> list:
-    done = ci_variants()
-    for cfg in done:
-        compile_variant(cfg)
-    return done

@@ -6,13 +6,13 @@ Each family has a plan module (pure Python, importable anywhere) with
     deployment_variants(**deployment) -> [config, ...]   every variant a deployment may launch
     ci_variants() -> [config, ...]                        what CI compiles on the CPU
 and a kernel module (imports cutlass) with
-    compile_variant(config)                               compile or load one variant
-    prepare(**deployment)                                 compile or load the deployment's variants
+    _compile(config, extra_options)                       cute.compile of one variant
+(launch.py compiles, loads and prepares variants through these; no module names a kernel module
+itself.)
 """
 from __future__ import annotations
 
 import importlib
-import time
 from dataclasses import dataclass
 
 import torch
@@ -48,28 +48,20 @@ def family(op: str) -> KernelFamily:
 
 
 def support(op: str, device: torch.device, **variant) -> tuple[bool, str]:
-    """Whether the family of `op` can run this variant on `device`, and why not (never raises)."""
+    """Whether the family of `op` can run this variant on `device`, and why not (never raises):
+    the plan's checks (device, deployment), then where its kernels come from: the CuTe DSL, which
+    compiles them, or an ahead-of-time library (muse_ops.cutedsl.aot) without it."""
     try:
-        return family(op).plan_module().can_implement(device, **variant)
+        ok, why = family(op).plan_module().can_implement(device, **variant)
+        if not ok:
+            return ok, why
+        from . import aot, runtime
+        dsl = runtime.import_error()
+        if dsl is not None and not aot.available():
+            return False, f"{dsl}; and no ahead-of-time library: {aot.status()}"
+        return True, "ok"
     except Exception as exc:  # noqa: BLE001  (a broken install must say why, not crash the selection)
         return False, f"CuTe DSL backend unusable: {type(exc).__name__}: {exc}"
-
-
-def prepare(op: str, **deployment) -> list[dict]:
-    """Compile or load every variant `op` may launch in this deployment; one report per variant:
-    {"op", "variant", "how" ("aot": the ahead-of-time library, "compiled", "loaded" from the disk
-    cache, "memory"), "seconds"}."""
-    from . import compile_cache, launch
-    fam = family(op)
-    args = {k: deployment[k] for k in fam.deployment_args}
-    reports = []
-    for cfg in fam.plan_module().deployment_variants(**args):
-        before = dict(compile_cache.stats)
-        t0 = time.perf_counter()
-        launch.COMPILE[op](cfg)
-        how = next((k for k in ("aot", "compiled", "loaded") if compile_cache.stats[k] > before[k]), "memory")
-        reports.append({"op": op, "variant": cfg, "how": how, "seconds": time.perf_counter() - t0})
-    return reports
 
 
 def ci_variants(op: str) -> list:

@@ -47,16 +47,12 @@ def require_dsl() -> None:
 
 
 def device_support(device) -> tuple[bool, str]:
-    """Whether `device` can run this package's sm_90a kernels, and why not: TVM-FFI, and either the
-    CuTe DSL (to compile variants) or an ahead-of-time library (muse_ops.cutedsl.aot)."""
+    """Whether `device` can launch this package's sm_90a kernels, and why not: TVM-FFI (every
+    variant is called through it) and the device. Where the variants come from (the CuTe DSL or
+    an ahead-of-time library) is registry.support's question."""
     why = ffi_error()
     if why is not None:
         return False, why
-    why = import_error()
-    if why is not None:
-        from . import aot
-        if not aot.available():
-            return False, f"{why}; and no ahead-of-time library: {aot.status()}"
     dev = torch.device(device)
     if dev.type != "cuda":
         return False, f"{dev.type} device (the CuTe DSL kernels need an sm_90 GPU)"

@@ -21,7 +21,7 @@ for (B, L, W, labels) in CASES:
     for (lab, f, over) in VARIANTS:
         if labels and lab not in labels:
             continue
-        run_dev.A = mods[f]
+        run_dev.A, run_dev.KERNEL = mods[f], (mods[f] if f else None)
         lens = MIXED if B == "mixed" else None
         msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else L)
         case = run_dev.build_case(64 if B == "mixed" else B, L, W, lens=lens, over=over, msl=msl)
@@ -30,7 +30,7 @@ for (B, L, W, labels) in CASES:
     ts = {lab: [] for lab, _, _ in built}
     for _ in range(ROUNDS):
         for lab, f, case in built:
-            run_dev.A = mods[f]
+            run_dev.A, run_dev.KERNEL = mods[f], (mods[f] if f else None)
             ts[lab].append(run_dev.graph_us(case))
     for lab, _, case in built:
         assert int(case.err.item()) == 0

@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 from bench import cases as C, timing as T  # noqa: E402
-from muse_ops.cutedsl import qkv_front as Q  # noqa: E402
+from muse_ops.cutedsl import launch as Q  # noqa: E402
 from muse_ops.errors import error_flag  # noqa: E402
 from muse_ops.testing import qkv_front_f64, tolerance_report  # noqa: E402
 

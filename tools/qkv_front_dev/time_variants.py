@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 from bench import cases as C, contenders as K, timing as T  # noqa: E402
-from muse_ops.cutedsl import qkv_front as Q, qkv_front_plan as P  # noqa: E402
+from muse_ops.cutedsl import launch as Q, qkv_front_plan as P  # noqa: E402
 from muse_ops.errors import error_flag  # noqa: E402
 
 ms = [int(v) for v in os.environ.get("QF_M", "1,8,16,64,128,256,512").split(",")]
