@@ -91,13 +91,19 @@ class MuseAttentionDecode(nn.Module):
         c = self.config
         x2 = x.reshape(-1, HIDDEN)
         workspace = self.workspace if self.workspace.device == x.device else None
+        kw = dict(q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, backend=self.backend)
+        out = None
         if not torch.compiler.is_compiling():   # traced, the ops' fakes check the metadata
-            ops.check_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table, seq_lens,
-                           workspace, q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len,
-                           backend=self.backend)
-        y = ops.qkv_front(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, backend=self.backend)
-        out = ops.attn2(y, kv_cache, page_table, seq_lens, q_len=c.q_len, window=c.window, scale=c.scale,
-                        max_seq_len=c.max_seq_len, workspace=workspace, backend=self.backend)
+            # a plain eager call checks the step once and runs both ops' bodies; otherwise check
+            # the whole step, then go through the registered ops
+            out = ops.run_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table, seq_lens,
+                               workspace, **kw)
+            if out is None:
+                ops.check_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table,
+                               seq_lens, workspace, **kw)
+        if out is None:
+            y = ops.qkv_front(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, backend=self.backend)
+            out = ops.attn2(y, kv_cache, page_table, seq_lens, workspace=workspace, **kw)
         if self.o_proj is not None:
             out = self.o_proj(out)
         return out.reshape(*x.shape[:-1], out.shape[-1])

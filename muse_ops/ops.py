@@ -35,7 +35,7 @@ from .errors import MuseInputError, error_flag
 from .meta import attn2_fake, qkv_front_fake
 from .reference import attn2_ref, qkv_front_ref
 from .validation import (check_attn2_contents, check_attn2_metadata, check_qkv_front_contents,
-                         check_qkv_front_metadata, check_step_metadata)
+                         check_qkv_front_metadata, check_step_metadata, check_workspace_size)
 
 SCHEMAS = {
     "qkv_front": "qkv_front(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
@@ -77,6 +77,11 @@ def _qkv_front_impl(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tens
     name = backends.resolve("qkv_front", x.device, backend, kv_heads=kv_cache.shape[1], rope=cos_sin is not None)
     if contents_checked(name, x.device):
         check_qkv_front_contents(positions, slots, cos_sin, kv_cache)
+    return _run_qkv_front(name, x, weight, positions, slots, cos_sin, kv_cache)
+
+
+def _run_qkv_front(name, x, weight, positions, slots, cos_sin, kv_cache):
+    """qkv_front's body on backend `name`, its inputs checked."""
     if x.shape[0] == 0:
         return x.new_empty((0, weight.shape[0]))
     if name == "reference":
@@ -106,15 +111,23 @@ def _attn2_impl(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tenso
                 max_seq_len: int, backend: Optional[str] = None) -> torch.Tensor:
     variant = _attn2_variant(kv_cache, q_len, window, max_seq_len)
     name = backends.resolve("attn2", y.device, backend, **variant)
-    r = seq_lens.shape[0]
-    need = 0
-    if name == "cutedsl":
-        from .cutedsl import attn2_plan
-        need = attn2_plan.workspace_bytes(r, **variant)
     check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
-                         workspace_bytes=need)
+                         workspace_bytes=_workspace_need(name, seq_lens.shape[0], variant))
     if contents_checked(name, y.device):
         check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len)
+    return _run_attn2(name, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
+
+
+def _workspace_need(name: str, num_requests: int, variant: dict) -> int:
+    if name != "cutedsl":
+        return 0
+    from .cutedsl import attn2_plan
+    return attn2_plan.workspace_bytes(num_requests, **variant)
+
+
+def _run_attn2(name, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len):
+    """attn2's body on backend `name`, its inputs checked."""
+    r = seq_lens.shape[0]
     if name == "reference":
         return attn2_ref(y, kv_cache, page_table, seq_lens, q_len=q_len, window=window, scale=scale)
     out = y.new_empty((y.shape[0], GROUP * kv_cache.shape[1] * HEAD_DIM))
@@ -217,21 +230,42 @@ def attn2_workspace(device, num_requests: int, kv_heads: int, q_len: int, window
 
 
 def check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
-               window: int, scale: float, max_seq_len: int, backend: str | None = None) -> None:
-    """Every check of a layer step (qkv_front then attn2) before its first write: metadata always,
-    contents where the backends that will run check them. The step's y is qkv_front's output, so
-    attn2's checks on it follow from x and weight."""
+               window: int, scale: float, max_seq_len: int, backend: str | None = None,
+               record: bool = False) -> tuple[str, str]:
+    """Every check of a layer step (qkv_front then attn2) before its first write: metadata always
+    (attn2's workspace against what its backend needs for this batch included), contents where
+    the backends that will run check them. The step's y is qkv_front's output, so attn2's checks
+    on it follow from x and weight. Returns the two backends (recorded as last_backend with
+    record=True: run_step runs them)."""
     check_step_metadata(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace,
                         q_len, window, scale, max_seq_len)
     dev = x.device
+    variant = _attn2_variant(kv_cache, q_len, window, max_seq_len)
     front = backends.resolve("qkv_front", dev, backend, kv_heads=kv_cache.shape[1], rope=cos_sin is not None,
-                             record=False)
-    attn = backends.resolve("attn2", dev, backend, record=False,
-                            **_attn2_variant(kv_cache, q_len, window, max_seq_len))
+                             record=record)
+    attn = backends.resolve("attn2", dev, backend, record=record, **variant)
+    check_workspace_size(workspace, _workspace_need(attn, seq_lens.shape[0], variant))
     if contents_checked(front, dev):
         check_qkv_front_contents(positions, slots, cos_sin, kv_cache)
     if contents_checked(attn, dev):
         check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len)
+    return front, attn
+
+
+def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
+             window: int, scale: float, max_seq_len: int, backend: str | None = None) -> torch.Tensor | None:
+    """A layer step (qkv_front, then attn2 on its y) in a plain eager call: every check once
+    (check_step), then both bodies. Returns None where the call is not plain eager (tracing, a
+    dispatch mode, inputs that require grad): the caller then goes through the registered ops."""
+    if not _plain_eager(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace):
+        return None
+    if workspace is None:
+        workspace = attn2_workspace(x.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)
+    front, attn = check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace,
+                             q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len, backend=backend,
+                             record=True)
+    y = _run_qkv_front(front, x, weight, positions, slots, cos_sin, kv_cache)
+    return _run_attn2(attn, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
 
 
 def prepare(config: DeploymentConfig, device) -> dict:

@@ -117,11 +117,16 @@ def _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, win
         _fail(op, "page_table", "at least one page wide", _describe(page_table))
     if workspace is not None:
         _check_tensor(op, "workspace", workspace, (torch.uint8,), 1, dev)
+    check_workspace_size(workspace, workspace_bytes)
+    return r
+
+
+def check_workspace_size(workspace, workspace_bytes: int) -> None:
+    """attn2's workspace holds at least what the backend that will run needs (0: none)."""
     if workspace_bytes and (workspace is None or workspace.numel() < workspace_bytes):
         got = "None" if workspace is None else f"{workspace.numel()} bytes"
-        _fail(op, "workspace", f"a zero-initialised uint8 tensor of >= {workspace_bytes} bytes "
-              "(muse_ops.attn2_workspace builds one)", got)
-    return r
+        _fail("attn2", "workspace", f"a zero-initialised uint8 tensor of >= {workspace_bytes} bytes for this "
+              "batch (muse_ops.attn2_workspace builds one; a layer sizes it by its max_batch)", got)
 
 
 def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,

@@ -54,6 +54,22 @@ def test_rejected_layer_step_leaves_the_cache_bit_identical(case):
     _rejected_step_writes_nothing("cpu", case)
 
 
+def test_layer_batch_beyond_its_workspace_is_rejected_before_writing(monkeypatch):
+    """More requests than the layer's workspace holds, where attn2 runs the kernel backend (which
+    needs a workspace; the resolution is simulated here, the check is the real one): the step's
+    checks refuse it, naming the workspace, before qkv_front inserts anything. Before this check
+    was part of the step, qkv_front wrote the cache and attn2 then raised."""
+    from muse_ops import backends
+    monkeypatch.setattr(backends, "resolve",
+                        lambda op, device, requested, record=True, **v: "cutedsl" if op == "attn2" else "reference")
+    cfg, layer, b, cache, x = _layer_step("cpu")      # the layer's CPU workspace: 16 bytes
+    before = _bits(cache)
+    with pytest.raises(MuseInputError, match="workspace"):
+        with torch.inference_mode():
+            layer(x, b.positions, b.slots, cache, b.page_table, b.seq_lens)
+    assert torch.equal(_bits(cache), before), "a rejected step changed the cache"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(REJECTED))
 def test_rejected_layer_step_checked_mode_gpu(case, monkeypatch):
