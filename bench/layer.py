@@ -43,17 +43,13 @@ class LayerCase:
         return self.attn.name
 
     @property
-    def kv_heads(self) -> int:
-        return self.attn.kv_heads
-
-    @property
     def config(self) -> DeploymentConfig:
         a = self.attn
         return DeploymentConfig(kv_heads=a.kv_heads, q_len=a.q_len, window=a.window, max_seq_len=a.max_seq_len,
                                 scale=a.scale, max_batch=a.batch)
 
     def bytes(self) -> int:
-        """weight + the KV rows attn2 reads + x + out + y round trip inside attn2's count + inserted rows."""
+        """weight + x + the inserted rows + what attn2 moves (its KV rows, y's q and gate columns, out)."""
         a = self.attn
         rows = a.batch * a.q_len
         weight = proj_cols(a.kv_heads) * HIDDEN * 2

@@ -61,7 +61,7 @@ class Serving:
                 cache[pages, :, rows.to(DEV)] = history
         self.cached[req] = prompt
 
-    def next_batch(self, step: int) -> list:
+    def next_batch(self) -> list:
         """The requests of this step (after the leaves and joins), each with room for its block."""
         for req in list(self.cached):
             if len(self.cached) > 1 and (self.cached[req] > MAX_SEQ_LEN - 2 * self.q_len - 8 or
@@ -166,7 +166,7 @@ def test_gpu_serving_50_steps_matches_reference(mode, q_len):
     gen = torch.Generator().manual_seed(13)
     with torch.inference_mode():
         for step in range(STEPS):
-            active = serving.next_batch(step)
+            active = serving.next_batch()
             r = len(active)
             sizes_seen.append(r)
             x = torch.randn(r * q_len, 8192, generator=gen).to(DEV, torch.bfloat16)

@@ -21,10 +21,9 @@ from .qkv_front_plan import QkvFrontConfig, k_split, launch_config as qkv_front_
 
 def _get(op: str, key_cfg, extra_options: str, cfg, kernel):
     key = (op, key_cfg, extra_options) + ((kernel.__file__,) if kernel is not None else ())
-    module = kernel
 
     def build():
-        return (module or registry.family(op).kernel_module())._compile(cfg, extra_options)
+        return (kernel or registry.family(op).kernel_module())._compile(cfg, extra_options)
     return compile_cache.get(key, build, disk=not extra_options and kernel is None, library=aot)
 
 
