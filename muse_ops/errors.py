@@ -43,6 +43,11 @@ def error_flag(device: torch.device) -> torch.Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     with _lock:
         flag = _flags.get(device)
+        if flag is None and device.type == "cuda":
+            from .cutedsl import shims
+            flag = shims.error_flag(device)   # the C++ ops' kernels write theirs: share it
+            if flag is not None:
+                _flags[device] = flag
         if flag is None:
             # an ordinary tensor even when the first call runs under torch.inference_mode(), so
             # device_errors() can read and reset it from any mode

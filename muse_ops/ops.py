@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
 from . import backends
+from .cutedsl import shims
 from .config import GROUP, HEAD_DIM, DeploymentConfig
 from .errors import MuseInputError, error_flag
 from .meta import attn2_fake, qkv_front_fake
@@ -153,10 +154,51 @@ def _attn2_composite(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len
                                  scale=scale, max_seq_len=max_seq_len, backend=backend)
 
 
+def _public_fake(op: str):
+    """The public op's fake where C++ defines it: the internal op's fake after the composite's
+    refusal of autograd (a traced call never runs the composite)."""
+    fake = {"qkv_front": qkv_front_fake, "attn2": attn2_fake}[op]
+
+    def public_fake(*args, **kwargs):
+        tensors = {"qkv_front": ("x", "weight", "cos_sin"), "attn2": ("y",)}[op]
+        names = ("x", "weight", "positions", "slots", "cos_sin", "kv_cache") if op == "qkv_front" else ("y",)
+        given = dict(zip(names, args))
+        check_inference_only(op, **{k: given.get(k, kwargs.get(k)) for k in tensors})
+        return fake(*args, **kwargs)
+    return public_fake
+
+
 _LIB = torch.library.Library("muse", "FRAGMENT")
-for _name, _composite in (("qkv_front", _qkv_front_composite), ("attn2", _attn2_composite)):
-    _LIB.define(SCHEMAS[_name])
-    _LIB.impl(_name, _composite, "CompositeImplicitAutograd")
+_COMPOSITES = {"qkv_front": _qkv_front_composite, "attn2": _attn2_composite}
+# The C++ ops (csrc_shims/, muse_ops/cutedsl/shims.py), where built: they define the public schemas
+# and their CUDA kernels; Python then registers the rest of each op (below).
+CPP = shims.load()
+if not CPP:
+    for _name, _composite in _COMPOSITES.items():
+        _LIB.define(SCHEMAS[_name])
+        _LIB.impl(_name, _composite, "CompositeImplicitAutograd")
+else:
+    for _name, _composite in _COMPOSITES.items():
+        # what the C++ kernel hands back (see shims.py): the composite, under its own name
+        _LIB.define(SCHEMAS[_name].replace(f"{_name}(", f"_{_name}_py(", 1))
+        _LIB.impl(f"_{_name}_py", _composite, "CompositeImplicitAutograd")
+        _LIB.impl(_name, _composite, "CPU")      # the reference, through the internal op
+        torch.library.register_fake(f"muse::{_name}", _public_fake(_name))
+
+    @torch.ops.muse.attn2.default.py_impl(torch._C.DispatchKey.CompositeImplicitAutograd)
+    def _attn2_traced(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len, window, scale, max_seq_len,
+                      backend=None):
+        """Tracing only (eager calls never see Python kernels): a call without a workspace is
+        traced as the composite (a fresh workspace, then the internal op), because Inductor
+        cannot re-inplace a mutated optional argument that is None; with one it stays the public
+        op, so the compiled graph calls the C++ kernel."""
+        if workspace is None:
+            return _attn2_composite(y, kv_cache, page_table, seq_lens, None, q_len=q_len, window=window,
+                                    scale=scale, max_seq_len=max_seq_len, backend=backend)
+        return NotImplemented
+
+_QKV_FRONT_OP = torch.ops.muse.qkv_front.default
+_ATTN2_OP = torch.ops.muse.attn2.default
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -188,6 +230,8 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, backend: str | None = None) -> torch.Tensor:
     """y [M, 1152*Hkv] = q' | k' | v | gate of x [M, 8192] (docs/DESIGN.md section 4); writes the
     new keys and values into kv_cache [pages, Hkv, 16, 128] at slots (slot < 0: no insert)."""
+    if CPP and kv_cache.is_cuda:   # the C++ op checks and launches (or hands the call back to Python)
+        return _QKV_FRONT_OP(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
     if _plain_eager(x, weight, positions, slots, cos_sin, kv_cache):
         return _qkv_front_impl(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
     return torch.ops.muse.qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
@@ -197,6 +241,9 @@ def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: 
           workspace: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
     """out [q_len*R, 512*Hkv] = sigmoid(gate) * rmsnorm(paged causal attention of y's q rows)
     (docs/DESIGN.md section 5); y is qkv_front's output for the block."""
+    if CPP and kv_cache.is_cuda:
+        return _ATTN2_OP(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window, scale=scale,
+                         max_seq_len=max_seq_len, backend=backend)
     if _plain_eager(y, kv_cache, page_table, seq_lens, workspace):
         if workspace is None:
             workspace = attn2_workspace(y.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)
@@ -256,8 +303,9 @@ def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_len
              window: int, scale: float, max_seq_len: int, backend: str | None = None) -> torch.Tensor | None:
     """A layer step (qkv_front, then attn2 on its y) in a plain eager call: every check once
     (check_step), then both bodies. Returns None where the call is not plain eager (tracing, a
-    dispatch mode, inputs that require grad): the caller then goes through the registered ops."""
-    if not _plain_eager(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace):
+    dispatch mode, inputs that require grad), and where the C++ ops serve the device (each is
+    cheaper than the Python body): the caller then checks the step and calls the public ops."""
+    if (CPP and kv_cache.is_cuda) or not _plain_eager(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace):
         return None
     if workspace is None:
         workspace = attn2_workspace(x.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)

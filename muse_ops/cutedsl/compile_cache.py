@@ -187,5 +187,7 @@ def _disk_get(root: Path, key, build):
 
 def clear_memory() -> None:
     """Forget the in-memory entries (tests: the next lookup goes to disk)."""
+    from . import shims
+    shims.clear()   # the C++ ops hold the functions forgotten here
     with _lock:
         _memory.clear()

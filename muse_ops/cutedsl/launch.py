@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from . import aot, compile_cache, registry, runtime
+from . import aot, compile_cache, registry, runtime, shims
 from .attn2_plan import Attn2Config, launch_config as attn2_launch_config, wave_ctas, workspace_layout
 from .qkv_front_plan import QkvFrontConfig, k_split, launch_config as qkv_front_launch_config
 
@@ -50,7 +50,11 @@ def prepare(op: str, **deployment) -> list[dict]:
     for cfg in fam.plan_module().deployment_variants(**args):
         before = dict(compile_cache.stats)
         t0 = time.perf_counter()
-        COMPILE[op](cfg)
+        fn = COMPILE[op](cfg)
+        if op == "qkv_front":
+            shims.offer_qkv_front(cfg, fn)
+        else:
+            shims.offer_attn2(cfg, deployment["max_seq_len"], fn)
         how = next((k for k in ("aot", "compiled", "loaded") if compile_cache.stats[k] > before[k]), "memory")
         reports.append({"op": op, "variant": cfg, "how": how, "seconds": time.perf_counter() - t0})
     return reports
@@ -75,6 +79,8 @@ def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_fl
     split = over.pop("split", None) or k_split(kv_cache.shape[1])     # dev tools may force another split
     cfg = qkv_front_launch_config(m, rope, positions.dtype, slots.dtype, over)
     fn = compile_qkv_front(cfg, _kernel=_kernel)
+    if not _cfg_override and _kernel is None:
+        shims.offer_qkv_front(cfg, fn)   # the C++ ops launch it from now on
     if not rope:
         cos_sin = runtime.dummy_tensor(x.device)
     fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
@@ -92,5 +98,7 @@ def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, 
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {r} requests, got {workspace.numel()}")
     fn = compile_attn2(cfg, _kernel=_kernel)
+    if not _cfg_override and _kernel is None:
+        shims.offer_attn2(cfg, max_seq_len, fn)
     fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
        wave_ctas(y.device))

@@ -1,0 +1,660 @@
+// muse_shims: torch.ops.muse.qkv_front and torch.ops.muse.attn2 in C++, launching the
+// ahead-of-time CuTe DSL kernels (muse_ops/cutedsl/aot.py) through the TVM-FFI C ABI.
+//
+// What this file owns (docs/DESIGN.md section 16):
+// - The public schemas of both ops (TORCH_LIBRARY(muse)); tests/test_shims.py asserts they equal
+//   muse_ops.ops.SCHEMAS. Python registers the CPU and Meta implementations (the reference and the
+//   fakes) on these same ops.
+// - Their CUDA kernels: a fast path that checks every piece of metadata Python's validation.py
+//   checks, picks the variant the Python plan modules would pick, and calls the kernel. No math,
+//   no allocation besides the output, no host sync.
+// - Anything the fast path does not serve (bad metadata, checked mode, another backend, inputs
+//   that require grad, a variant it holds no kernel for, an empty batch) goes to the Python
+//   implementation (`muse::_qkv_front_py`, `muse::_attn2_py`), which raises the package's own
+//   errors or runs what the call asks for. In a program without Python the same cases raise
+//   ValueError naming the reason.
+//
+// Where the kernels come from: Python registers every variant it compiles or loads (a TVM-FFI
+// function handle, kept alive here by a reference), or `_shims_load_library` dlopens an
+// ahead-of-time library and reads its table (`<library>.shims`, written by the AOT build). The
+// plan decisions that are not in those tables are two formulas, tested against the Python plan
+// modules over wide grids (tests/test_shims.py): the K split of a KV-head count and the bytes of
+// attn2's workspace.
+//
+// No CUDA header is needed: the current stream comes from c10's device-guard interface and the
+// device attributes from the driver (libcuda.so.1), so the file builds wherever torch does.
+#include <torch/library.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace muse_shims {
+namespace {
+
+// ------------------------------------------------------------------------- model constants
+// (muse_ops/config.py; a mismatch fails tests/test_shims.py's plan comparisons)
+constexpr int64_t kHidden = 8192;
+constexpr int64_t kHeadDim = 64;
+constexpr int64_t kGroup = 8;
+constexpr int64_t kPageSize = 16;
+constexpr int64_t kCacheRow = 128;
+constexpr int64_t kProjColsPerKvHead = (2 * kGroup + 2) * kHeadDim;   // 1152
+constexpr int64_t kSmTarget = 132;      // qkv_front_plan.SM_TARGET
+constexpr int64_t kMaxKSplit = 3;       // qkv_front_plan.MAX_K_SPLIT
+constexpr int64_t kSubChunks = 8;       // attn2_plan.SUB_CHUNKS (arrival counters per pair)
+
+enum Op { kQkvFront = 0, kAttn2 = 1 };
+
+// ------------------------------------------------------------------------- TVM-FFI and the driver
+using SetStreamFn = int (*)(int32_t, int32_t, TVMFFIStreamHandle, TVMFFIStreamHandle*);
+using MoveErrorFn = void (*)(TVMFFIObjectHandle*);
+using RefFn = int (*)(TVMFFIObjectHandle);
+using CuDeviceGetFn = int (*)(int*, int);
+using CuDeviceGetAttributeFn = int (*)(int*, int, int);
+
+struct Ffi {
+  SetStreamFn set_stream = nullptr;
+  MoveErrorFn move_error = nullptr;
+  RefFn inc_ref = nullptr;
+  RefFn dec_ref = nullptr;
+  bool ready() const { return set_stream && move_error && inc_ref && dec_ref; }
+  void resolve(void* handle) {
+    if (!handle) return;
+    if (!set_stream) set_stream = reinterpret_cast<SetStreamFn>(dlsym(handle, "TVMFFIEnvSetStream"));
+    if (!move_error) move_error = reinterpret_cast<MoveErrorFn>(dlsym(handle, "TVMFFIErrorMoveFromRaised"));
+    if (!inc_ref) inc_ref = reinterpret_cast<RefFn>(dlsym(handle, "TVMFFIObjectIncRef"));
+    if (!dec_ref) dec_ref = reinterpret_cast<RefFn>(dlsym(handle, "TVMFFIObjectDecRef"));
+  }
+};
+
+// A callable kernel variant: a TVM-FFI safe call and its self handle (a Function object we hold a
+// reference to, or null for a symbol of a dlopened library, whose generated code ignores it).
+struct Kernel {
+  TVMFFISafeCallType call = nullptr;
+  void* self = nullptr;
+  TVMFFIObjectHandle owned = nullptr;
+};
+
+struct Attn2Entry {
+  Kernel kernel;
+  int64_t slots = 0;   // workspace partials per (request, KV head): attn2_plan's cfg.slots
+};
+
+constexpr int kMaxTiles = 16;
+constexpr int kMaxDevices = 64;
+
+struct Device {
+  std::once_flag once;
+  bool supported = false;
+  int64_t sm_count = 0;
+  std::string why;
+  at::Tensor error_flag;   // int32 [1]: the kernels OR their error bits in (muse_ops/errors.py)
+  at::Tensor dummy;        // float32 [1, 64]: stands in for an absent cos_sin
+};
+
+struct State {
+  std::shared_mutex mutex;          // guards the tables below (written rarely, read per call)
+  Ffi ffi;
+  std::vector<int64_t> tile_limits;   // qkv_front_plan.TILES: the largest M of each token tile
+  int64_t wide_max_pairs = 16, wide_max_pairs_window = 32;
+  // [tile][rope][positions int64][slots int64]
+  std::array<std::array<std::array<std::array<Kernel, 2>, 2>, 2>, kMaxTiles> qkv{};
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Attn2Entry> attn2;   // (q_len, window, msl, wide)
+  std::vector<void*> libraries;
+  std::string library_status = "no ahead-of-time library loaded by the shims";
+  std::optional<std::string> forced_backend;   // muse_ops.set_backend
+  std::array<Device, kMaxDevices> devices;
+  std::atomic<int64_t> fast[2] = {0, 0};
+  std::atomic<int64_t> slow[2] = {0, 0};
+  std::atomic<bool> last_fast[2] = {false, false};
+};
+
+State& state() {
+  static State* s = new State();   // never destroyed: kernels may run during interpreter teardown
+  return *s;
+}
+
+// ------------------------------------------------------------------------- devices
+Device& device_state(int index) {
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "muse shims: device index ", index, " out of range");
+  Device& d = state().devices[index];
+  std::call_once(d.once, [&] {
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    auto get = cuda ? reinterpret_cast<CuDeviceGetFn>(dlsym(cuda, "cuDeviceGet")) : nullptr;
+    auto attr = cuda ? reinterpret_cast<CuDeviceGetAttributeFn>(dlsym(cuda, "cuDeviceGetAttribute")) : nullptr;
+    int dev = 0, major = 0, minor = 0, sms = 0;
+    if (!get || !attr || get(&dev, index) != 0 || attr(&major, 75, dev) != 0 || attr(&minor, 76, dev) != 0 ||
+        attr(&sms, 16, dev) != 0) {
+      d.why = "the CUDA driver did not answer for this device";
+      return;
+    }
+    d.sm_count = sms;
+    d.supported = major == 9 && minor == 0;
+    if (!d.supported) {
+      d.why = "needs compute capability 9.0 (sm_90a), device has " + std::to_string(major) + "." +
+              std::to_string(minor);
+      return;
+    }
+    c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+    c10::InferenceMode normal_tensors(false);   // errors.device_errors resets the flag in any mode
+    auto options = at::TensorOptions().device(device);
+    d.error_flag = at::zeros({1}, options.dtype(at::kInt));
+    d.dummy = at::zeros({1, kHeadDim}, options.dtype(at::kFloat));
+  });
+  return d;
+}
+
+// ------------------------------------------------------------------------- the kernel call
+DLDataType dl_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return {kDLBfloat, 16, 1};
+    case at::kFloat: return {kDLFloat, 32, 1};
+    case at::kInt: return {kDLInt, 32, 1};
+    case at::kLong: return {kDLInt, 64, 1};
+    case at::kByte: return {kDLUInt, 8, 1};
+    default: TORCH_CHECK(false, "muse shims: no DLPack dtype for ", t);
+  }
+}
+
+// A DLTensor view of a contiguous tensor, with compact row-major strides (what the kernels were
+// compiled against; a contiguous torch tensor may carry any stride on a dimension of size 1).
+struct DlView {
+  DLTensor tensor;
+  int64_t strides[4];
+  void set(const at::Tensor& t, int device) {
+    const int64_t ndim = t.dim();
+    int64_t stride = 1;
+    for (int64_t i = ndim - 1; i >= 0; --i) {
+      strides[i] = stride;
+      stride *= t.size(i);
+    }
+    tensor.data = t.data_ptr();
+    tensor.device = {kDLCUDA, device};
+    tensor.ndim = static_cast<int32_t>(ndim);
+    tensor.dtype = dl_dtype(t.scalar_type());
+    tensor.shape = const_cast<int64_t*>(t.sizes().data());
+    tensor.strides = strides;
+    tensor.byte_offset = 0;
+  }
+};
+
+struct Args {
+  static constexpr int kMax = 12;
+  TVMFFIAny values[kMax];
+  DlView views[kMax];
+  int count = 0;
+  int device = 0;
+  void tensor(const at::Tensor& t) {
+    views[count].set(t, device);
+    values[count] = TVMFFIAny{};
+    values[count].type_index = kTVMFFIDLTensorPtr;
+    values[count].v_ptr = &views[count].tensor;
+    ++count;
+  }
+  void integer(int64_t v) {
+    values[count] = TVMFFIAny{};
+    values[count].type_index = kTVMFFIInt;
+    values[count].v_int64 = v;
+    ++count;
+  }
+  void real(double v) {
+    values[count] = TVMFFIAny{};
+    values[count].type_index = kTVMFFIFloat;
+    values[count].v_float64 = v;
+    ++count;
+  }
+};
+
+// Call `kernel` on torch's current stream of `device` (the kernels read TVM-FFI's environment
+// stream, set here around the call and restored after it).
+void call(const Kernel& kernel, Args& args, const char* op) {
+  State& s = state();
+  c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(args.device));
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+  TVMFFIStreamHandle previous = nullptr;
+  TORCH_CHECK(s.ffi.set_stream(kDLCUDA, args.device, stream, &previous) == 0,
+              "muse::", op, ": TVMFFIEnvSetStream failed");
+  TVMFFIAny result{};
+  result.type_index = kTVMFFINone;
+  int rc = kernel.call(kernel.self, args.values, args.count, &result);
+  s.ffi.set_stream(kDLCUDA, args.device, previous, nullptr);
+  if (rc != 0) {
+    TVMFFIObjectHandle error = nullptr;
+    s.ffi.move_error(&error);
+    std::string message = "unknown error";
+    if (error) {
+      TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(error);
+      message = std::string(cell->kind.data, cell->kind.size) + ": " +
+                std::string(cell->message.data, cell->message.size);
+      s.ffi.dec_ref(error);
+    }
+    TORCH_CHECK(false, "muse::", op, ": the kernel failed: ", message);
+  }
+}
+
+// ------------------------------------------------------------------------- backend selection
+bool env_is(const char* name, std::initializer_list<const char*> accepted) {
+  const char* v = std::getenv(name);
+  if (!v) v = "";
+  for (const char* a : accepted)
+    if (std::strcmp(v, a) == 0) return true;
+  return false;
+}
+
+// Why the call cannot take the fast path for backend reasons (muse_ops/backends.py), or null.
+const char* backend_refusal(const std::optional<c10::string_view>& backend) {
+  State& s = state();
+  if (backend.has_value()) {
+    if (*backend != "cutedsl") return "backend= names another backend";
+  } else if (s.forced_backend.has_value()) {
+    if (*s.forced_backend != "cutedsl") return "set_backend() names another backend";
+  } else if (!env_is("MUSE_OPS_BACKEND", {"", "cutedsl"})) {
+    return "MUSE_OPS_BACKEND names another backend";
+  }
+  if (!env_is("MUSE_OPS_CHECK", {"", "0"})) return "checked mode (MUSE_OPS_CHECK) reads contents";
+  return nullptr;
+}
+
+// ------------------------------------------------------------------------- metadata (validation.py)
+bool tensor_ok(const at::Tensor& t, at::ScalarType dtype, int64_t ndim, const c10::Device& device,
+               bool aligned = true) {
+  return t.defined() && t.scalar_type() == dtype && t.dim() == ndim && t.device() == device && t.is_contiguous() &&
+         (!aligned || t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
+}
+
+bool index_ok(const at::Tensor& t, const c10::Device& device) {
+  return tensor_ok(t, at::kInt, 1, device, false) || tensor_ok(t, at::kLong, 1, device, false);
+}
+
+bool kv_cache_ok(const at::Tensor& kv) {
+  return kv.defined() && kv.is_cuda() && tensor_ok(kv, at::kBFloat16, 4, kv.device()) && kv.size(0) >= 1 &&
+         kv.size(1) >= 1 && kv.size(2) == kPageSize && kv.size(3) == kCacheRow;
+}
+
+bool records_grad(std::initializer_list<const at::Tensor*> tensors) {
+  if (!c10::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : tensors)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+// ------------------------------------------------------------------------- the plan's formulas
+int64_t k_split(int64_t kv_heads) {   // qkv_front_plan.k_split
+  const int64_t heads = (2 * kGroup + 2) * kv_heads;
+  for (int64_t s = kMaxKSplit; s > 1; --s)
+    if (heads * s <= kSmTarget) return s;
+  return 1;
+}
+
+int64_t attn2_workspace_bytes(int64_t requests, int64_t kv_heads, int64_t slots, int64_t q_len) {
+  // attn2_plan.workspace_layout: fp32 partials O and (m, l), then the uint32 arrival counters
+  const int64_t mr = q_len * kGroup;
+  const int64_t nslot = requests * kv_heads * slots;
+  const int64_t offset = 4 * nslot * mr * kHeadDim;
+  const int64_t counters = requests * kv_heads * kSubChunks;
+  return (offset + 4 * nslot * mr * 2 + 4 * counters + 15) / 16 * 16;
+}
+
+int tile_index(int64_t m) {   // qkv_front_plan.tile_for, by the limits Python registered
+  const auto& limits = state().tile_limits;
+  for (size_t i = 0; i < limits.size(); ++i)
+    if (m <= limits[i]) return static_cast<int>(i);
+  return -1;
+}
+
+bool wide_layout(int64_t requests, int64_t kv_heads, int64_t window) {   // attn2_plan.choose_layout
+  const State& s = state();
+  return requests * kv_heads <= (window > 0 ? s.wide_max_pairs_window : s.wide_max_pairs);
+}
+
+// ------------------------------------------------------------------------- the Python fallback
+std::optional<c10::OperatorHandle> python_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchema({name, ""});
+}
+
+at::Tensor qkv_front_python(const char* why, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
+                            const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, at::Tensor& kv_cache,
+                            std::optional<c10::string_view> backend) {
+  State& s = state();
+  s.slow[kQkvFront].fetch_add(1, std::memory_order_relaxed);
+  s.last_fast[kQkvFront].store(false, std::memory_order_relaxed);
+  auto op = python_op("muse::_qkv_front_py");
+  TORCH_CHECK_VALUE(op.has_value(), "muse::qkv_front: ", why, " (and muse_ops' Python implementation is not loaded)");
+  return op->typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const std::optional<at::Tensor>&, at::Tensor&, std::optional<c10::string_view>)>()
+      .call(x, weight, positions, slots, cos_sin, kv_cache, backend);
+}
+
+at::Tensor attn2_python(const char* why, const at::Tensor& y, const at::Tensor& kv_cache, const at::Tensor& page_table,
+                        const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len,
+                        int64_t window, double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
+  State& s = state();
+  s.slow[kAttn2].fetch_add(1, std::memory_order_relaxed);
+  s.last_fast[kAttn2].store(false, std::memory_order_relaxed);
+  auto op = python_op("muse::_attn2_py");
+  TORCH_CHECK_VALUE(op.has_value(), "muse::attn2: ", why, " (and muse_ops' Python implementation is not loaded)");
+  return op->typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const std::optional<at::Tensor>&, int64_t, int64_t, double, int64_t,
+                              std::optional<c10::string_view>)>()
+      .call(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len, backend);
+}
+
+// ------------------------------------------------------------------------- the ops
+at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
+                          const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, at::Tensor& kv_cache,
+                          std::optional<c10::string_view> backend) {
+  auto python = [&](const char* why) {
+    return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
+  };
+  if (const char* why = backend_refusal(backend)) return python(why);
+  if (!kv_cache_ok(kv_cache)) return python("kv_cache metadata");
+  const c10::Device device = kv_cache.device();
+  const int64_t kv_heads = kv_cache.size(1), n = kProjColsPerKvHead * kv_heads;
+  if (!tensor_ok(x, at::kBFloat16, 2, device) || x.size(1) != kHidden) return python("x metadata");
+  const int64_t m = x.size(0);
+  if (m == 0) return python("an empty batch");
+  if (!tensor_ok(weight, at::kBFloat16, 2, device) || weight.size(0) != n || weight.size(1) != kHidden)
+    return python("weight metadata");
+  if (!index_ok(positions, device) || positions.size(0) != m) return python("positions metadata");
+  if (!index_ok(slots, device) || slots.size(0) != m) return python("slots metadata");
+  const bool rope = cos_sin.has_value();
+  if (rope && (!tensor_ok(*cos_sin, at::kFloat, 2, device) || cos_sin->size(1) != kHeadDim || cos_sin->size(0) < 1))
+    return python("cos_sin metadata");
+  static const at::Tensor undefined;
+  if (records_grad({&x, &weight, rope ? &*cos_sin : &undefined})) return python("inputs that require grad");
+  Device& dev = device_state(device.index());
+  if (!dev.supported) return python(dev.why.c_str());
+
+  State& s = state();
+  Kernel kernel;
+  {
+    std::shared_lock lock(s.mutex);
+    const int tile = tile_index(m);
+    if (tile >= 0 && s.ffi.ready())
+      kernel = s.qkv[tile][rope][positions.scalar_type() == at::kLong][slots.scalar_type() == at::kLong];
+  }
+  if (!kernel.call) return python("no kernel registered for this variant");
+
+  at::Tensor y = at::empty({m, n}, x.options());
+  Args args;
+  args.device = device.index();
+  args.tensor(x);
+  args.tensor(weight);
+  args.tensor(positions);
+  args.tensor(slots);
+  args.tensor(rope ? *cos_sin : dev.dummy);
+  args.tensor(kv_cache);
+  args.tensor(y);
+  args.tensor(dev.error_flag);
+  args.integer(k_split(kv_heads));
+  call(kernel, args, "qkv_front");
+  s.fast[kQkvFront].fetch_add(1, std::memory_order_relaxed);
+  s.last_fast[kQkvFront].store(true, std::memory_order_relaxed);
+  return y;
+}
+
+at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at::Tensor& page_table,
+                      const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len,
+                      int64_t window, double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
+  auto python = [&](const char* why) {
+    return attn2_python(why, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
+                        backend);
+  };
+  if (const char* why = backend_refusal(backend)) return python(why);
+  if (!kv_cache_ok(kv_cache)) return python("kv_cache metadata");
+  const c10::Device device = kv_cache.device();
+  const int64_t kv_heads = kv_cache.size(1);
+  if (q_len != 1 && q_len != 8) return python("q_len");
+  if (window < 0) return python("window");
+  if (max_seq_len < q_len) return python("max_seq_len");
+  if (!(scale > 0 && std::isfinite(scale))) return python("scale");
+  if (!tensor_ok(seq_lens, at::kInt, 1, device, false)) return python("seq_lens metadata");
+  const int64_t r = seq_lens.size(0);
+  if (r == 0) return python("an empty batch");
+  if (!tensor_ok(page_table, at::kInt, 2, device, false) || page_table.size(0) != r || page_table.size(1) < 1)
+    return python("page_table metadata");
+  if (!workspace.has_value()) return python("no workspace given");
+  if (!tensor_ok(*workspace, at::kByte, 1, device)) return python("workspace metadata");
+  if (!tensor_ok(y, at::kBFloat16, 2, device) || y.size(0) != q_len * r || y.size(1) != kProjColsPerKvHead * kv_heads)
+    return python("y metadata");
+  if (records_grad({&y})) return python("inputs that require grad");
+  Device& dev = device_state(device.index());
+  if (!dev.supported) return python(dev.why.c_str());
+
+  State& s = state();
+  Attn2Entry entry;
+  {
+    std::shared_lock lock(s.mutex);
+    auto it = s.attn2.find({q_len, window, max_seq_len, wide_layout(r, kv_heads, window)});
+    if (it != s.attn2.end() && s.ffi.ready()) entry = it->second;
+  }
+  if (!entry.kernel.call) return python("no kernel registered for this deployment and layout");
+  if (workspace->numel() < attn2_workspace_bytes(r, kv_heads, entry.slots, q_len))
+    return python("workspace too small for this batch");
+
+  at::Tensor out = at::empty({y.size(0), kGroup * kv_heads * kHeadDim}, y.options());
+  Args args;
+  args.device = device.index();
+  args.tensor(y);
+  args.tensor(kv_cache);
+  args.tensor(page_table);
+  args.tensor(seq_lens);
+  args.tensor(out);
+  args.tensor(*workspace);
+  args.tensor(dev.error_flag);
+  args.real(scale);
+  args.integer(max_seq_len);
+  args.integer(dev.sm_count);   // attn2_plan.wave_ctas
+  call(entry.kernel, args, "attn2");
+  s.fast[kAttn2].fetch_add(1, std::memory_order_relaxed);
+  s.last_fast[kAttn2].store(true, std::memory_order_relaxed);
+  return out;
+}
+
+// ------------------------------------------------------------------------- registration (Python, tables)
+Kernel function_kernel(int64_t handle_value) {
+  State& s = state();
+  TORCH_CHECK(s.ffi.ready(), "muse shims: TVM-FFI not resolved (call _shims_configure first)");
+  auto handle = reinterpret_cast<TVMFFIObjectHandle>(static_cast<intptr_t>(handle_value));
+  TORCH_CHECK(handle && TVMFFIObjectGetTypeIndex(handle) == kTVMFFIFunction, "muse shims: not a TVM-FFI Function");
+  s.ffi.inc_ref(handle);
+  Kernel k;
+  k.call = TVMFFIFunctionGetCellPtr(handle)->safe_call;
+  k.self = handle;
+  k.owned = handle;
+  return k;
+}
+
+void release(Kernel& k) {
+  if (k.owned) state().ffi.dec_ref(k.owned);
+  k = Kernel{};
+}
+
+void configure(std::vector<int64_t> tile_limits, int64_t wide_max_pairs, int64_t wide_max_pairs_window,
+               std::string libtvm_ffi) {
+  State& s = state();
+  std::unique_lock lock(s.mutex);
+  TORCH_CHECK(tile_limits.size() <= static_cast<size_t>(kMaxTiles), "muse shims: too many token tiles");
+  s.tile_limits = std::move(tile_limits);
+  s.wide_max_pairs = wide_max_pairs;
+  s.wide_max_pairs_window = wide_max_pairs_window;
+  if (!libtvm_ffi.empty()) {
+    void* h = dlopen(libtvm_ffi.c_str(), RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(h, "muse shims: cannot load ", libtvm_ffi, ": ", dlerror());
+    s.ffi.resolve(h);
+  }
+}
+
+void set_qkv_front(int64_t tile, bool rope, bool pos64, bool slot64, Kernel k) {
+  State& s = state();
+  TORCH_CHECK(tile >= 0 && tile < kMaxTiles, "muse shims: tile index ", tile);
+  std::unique_lock lock(s.mutex);
+  Kernel& slot = s.qkv[tile][rope][pos64][slot64];
+  release(slot);
+  slot = k;
+}
+
+void set_attn2(int64_t q_len, int64_t window, int64_t max_seq_len, bool wide, int64_t slots, Kernel k) {
+  State& s = state();
+  std::unique_lock lock(s.mutex);
+  auto key = std::make_tuple(q_len, window, max_seq_len, wide);
+  auto it = s.attn2.find(key);
+  if (it != s.attn2.end()) release(it->second.kernel);
+  s.attn2[key] = Attn2Entry{k, slots};
+}
+
+// `library`: an ahead-of-time kernel library (muse_ops/cutedsl/aot.py); its table `<stem>.shims`
+// lists, line by line, `tiles L0 L1 ...`, `wide PAIRS PAIRS_WINDOW`,
+// `qkv_front TILE ROPE POS64 SLOT64 SYMBOL` and `attn2 Q_LEN WINDOW MAX_SEQ_LEN WIDE SLOTS SYMBOL`.
+std::string load_library(std::string library) {
+  State& s = state();
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK_VALUE(handle, "muse shims: cannot load ", library, ": ", dlerror());
+  {
+    std::unique_lock lock(s.mutex);
+    s.ffi.resolve(handle);
+    s.libraries.push_back(handle);
+  }
+  std::string table = library.substr(0, library.rfind('.')) + ".shims";
+  std::ifstream in(table);
+  TORCH_CHECK_VALUE(in, "muse shims: no table ", table, " beside ", library);
+  auto kernel_of = [&](const std::string& symbol) {
+    void* f = dlsym(handle, ("__tvm_ffi_" + symbol).c_str());
+    TORCH_CHECK_VALUE(f, "muse shims: ", library, " lacks ", symbol);
+    Kernel k;
+    k.call = reinterpret_cast<TVMFFISafeCallType>(f);
+    return k;
+  };
+  int64_t qkv = 0, attn = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string kind;
+    words >> kind;
+    if (kind == "tiles") {
+      std::vector<int64_t> limits;
+      for (int64_t v; words >> v;) limits.push_back(v);
+      std::unique_lock lock(s.mutex);
+      s.tile_limits = limits;
+    } else if (kind == "wide") {
+      std::unique_lock lock(s.mutex);
+      words >> s.wide_max_pairs >> s.wide_max_pairs_window;
+    } else if (kind == "qkv_front") {
+      int64_t tile, rope, pos64, slot64;
+      std::string symbol;
+      words >> tile >> rope >> pos64 >> slot64 >> symbol;
+      set_qkv_front(tile, rope, pos64, slot64, kernel_of(symbol));
+      ++qkv;
+    } else if (kind == "attn2") {
+      int64_t q_len, window, msl, wide, slots;
+      std::string symbol;
+      words >> q_len >> window >> msl >> wide >> slots >> symbol;
+      set_attn2(q_len, window, msl, wide, slots, kernel_of(symbol));
+      ++attn;
+    }
+  }
+  TORCH_CHECK_VALUE(s.ffi.ready(), "muse shims: ", library, " does not bring TVM-FFI's C API with it");
+  std::unique_lock lock(s.mutex);
+  s.library_status = library + " (" + std::to_string(qkv) + " qkv_front entries, " + std::to_string(attn) +
+                     " attn2 deployment entries)";
+  return s.library_status;
+}
+
+void clear() {
+  State& s = state();
+  std::unique_lock lock(s.mutex);
+  for (auto& tile : s.qkv)
+    for (auto& a : tile)
+      for (auto& b : a)
+        for (auto& k : b) release(k);
+  for (auto& kv : s.attn2) release(kv.second.kernel);
+  s.attn2.clear();
+}
+
+std::vector<int64_t> stats() {
+  State& s = state();
+  std::shared_lock lock(s.mutex);
+  int64_t qkv = 0;
+  for (auto& tile : s.qkv)
+    for (auto& a : tile)
+      for (auto& b : a)
+        for (auto& k : b) qkv += k.call != nullptr;
+  return {s.fast[0].load(), s.slow[0].load(), s.fast[1].load(), s.slow[1].load(), s.last_fast[0].load(),
+          s.last_fast[1].load(), qkv, static_cast<int64_t>(s.attn2.size())};
+}
+
+int64_t plan(std::string what, std::vector<int64_t> a) {   // the formulas, for the tests
+  if (what == "k_split") return k_split(a.at(0));
+  if (what == "workspace_bytes") return attn2_workspace_bytes(a.at(0), a.at(1), a.at(2), a.at(3));
+  if (what == "tile") return tile_index(a.at(0));
+  if (what == "wide") return wide_layout(a.at(0), a.at(1), a.at(2));
+  TORCH_CHECK_VALUE(false, "muse shims: no plan function ", what);
+}
+
+}  // namespace
+}  // namespace muse_shims
+
+// The public schemas: character for character muse_ops.ops.SCHEMAS (tests/test_shims.py).
+TORCH_LIBRARY(muse, m) {
+  using namespace muse_shims;
+  m.def("qkv_front(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
+        "Tensor(a!) kv_cache, *, str? backend=None) -> Tensor");
+  m.def("attn2(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor(a!)? workspace=None, *, "
+        "int q_len, int window, float scale, int max_seq_len, str? backend=None) -> Tensor");
+  m.def("_shims_configure(int[] tile_limits, int wide_max_pairs, int wide_max_pairs_window, str libtvm_ffi) -> ()",
+        &configure);
+  m.def("_shims_add_qkv_front(int tile, bool rope, bool pos64, bool slot64, int function) -> ()",
+        [](int64_t tile, bool rope, bool pos64, bool slot64, int64_t function) {
+          set_qkv_front(tile, rope, pos64, slot64, function_kernel(function));
+        });
+  m.def("_shims_add_attn2(int q_len, int window, int max_seq_len, bool wide, int slots, int function) -> ()",
+        [](int64_t q_len, int64_t window, int64_t msl, bool wide, int64_t slots, int64_t function) {
+          set_attn2(q_len, window, msl, wide, slots, function_kernel(function));
+        });
+  m.def("_shims_load_library(str library) -> str", &load_library);
+  m.def("_shims_set_backend(str? name) -> ()", [](std::optional<std::string> name) {
+    std::unique_lock lock(state().mutex);
+    state().forced_backend = std::move(name);
+  });
+  m.def("_shims_note_python(int op) -> ()",
+        [](int64_t op) { state().last_fast[op != 0].store(false, std::memory_order_relaxed); });
+  m.def("_shims_stats() -> int[]", &stats);
+  m.def("_shims_clear() -> ()", &clear);
+  m.def("_shims_plan(str what, int[] args) -> int", &plan);
+  m.def("_shims_error_flag(int device) -> Tensor", [](int64_t index) {
+    Device& d = device_state(static_cast<int>(index));
+    TORCH_CHECK_VALUE(d.supported, "muse shims: device ", index, ": ", d.why);
+    return d.error_flag;
+  });
+}
+
+TORCH_LIBRARY_IMPL(muse, CUDA, m) {
+  m.impl("qkv_front", &muse_shims::qkv_front_cuda);
+  m.impl("attn2", &muse_shims::attn2_cuda);
+}

@@ -1,0 +1,208 @@
+"""The C++ ops (csrc_shims/muse_shims.cpp): build, load and feed them. No cutlass import.
+
+Loaded, the C++ library owns the public schemas `muse::qkv_front` and `muse::attn2` and their
+CUDA kernels: an eager call on a GPU checks its metadata and launches its kernel in C++ (a few
+microseconds of host time) where the Python host path takes tens. What the C++ path does not serve
+goes to the Python implementation (`muse::_qkv_front_py` / `muse::_attn2_py`, registered by
+ops.py): bad metadata (so errors are the package's own), checked mode, another backend, inputs
+that require grad, an empty batch, and variants not yet registered here. Python registers each
+variant when it first compiles or loads it (`offer_*`, and `prepare` offers every variant of a
+deployment), so after a deployment's first step of each shape, or after prepare, every call takes
+the C++ path. `stats()` counts both paths; `last_backend` reads which one ran last.
+
+Where the library comes from (MUSE_OPS_SHIMS):
+  unset      muse_ops/_shims*.so or muse_ops/libmuse_shims.so if one was built, else none
+  0 / off    never load it (the pure-Python ops)
+  PATH       this library (an error if it does not load)
+Build it with `python -m muse_ops.cutedsl.shims build` (g++ against the installed torch, into
+muse_ops/libmuse_shims.so) or `MUSE_OPS_BUILD_SHIMS=1 pip install --no-build-isolation -e .`
+(torch's CppExtension). It needs torch's headers and apache-tvm-ffi's C headers, no CUDA toolkit,
+and must be built against the torch it runs with. A library that fails to load is reported
+(logger "muse_ops", `status()`), never silently skipped.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ENV = "MUSE_OPS_SHIMS"
+LIBRARY_NAME = "libmuse_shims.so"
+SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+OPS = ("qkv_front", "attn2")
+
+log = logging.getLogger("muse_ops")
+_state = {"loaded": False, "why": "not loaded yet", "path": None}
+_offered: dict = {}     # registration key -> the function object (kept alive while C++ holds it)
+
+
+def _find() -> Path | None:
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        return None if env.lower() in ("0", "off", "no") else Path(env)
+    for pattern in ("_shims*.so", LIBRARY_NAME):
+        found = sorted(PACKAGE_DIR.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> bool:
+    """Load the C++ ops once per process (before ops.py defines anything); whether they loaded."""
+    path = _find()
+    if path is None:
+        _state["why"] = (f"disabled (${ENV}={os.environ.get(ENV)})" if os.environ.get(ENV, "").strip()
+                         else "no C++ library built (python -m muse_ops.cutedsl.shims build)")
+        return False
+    try:
+        torch.ops.load_library(str(path))
+        from . import attn2_plan, qkv_front_plan
+        torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
+                                        attn2_plan.WIDE_MAX_PAIRS_WINDOW, "")
+    except Exception as exc:  # noqa: BLE001  (reported, and the Python ops serve)
+        _state["why"] = f"{path} failed to load ({type(exc).__name__}: {exc})"
+        if os.environ.get(ENV, "").strip():
+            raise RuntimeError(f"${ENV}={path}: {_state['why']}") from exc
+        log.warning("muse_ops: the C++ ops are not used: %s", _state["why"])
+        return False
+    _state.update(loaded=True, path=path, why=f"{path}")
+    return True
+
+
+def loaded() -> bool:
+    return _state["loaded"]
+
+
+def status() -> str:
+    """Which C++ library serves the ops, or why none does."""
+    return _state["why"]
+
+
+@functools.lru_cache(maxsize=1)
+def _ffi_configured() -> None:
+    import tvm_ffi
+    from . import attn2_plan, qkv_front_plan
+    torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
+                                    attn2_plan.WIDE_MAX_PAIRS_WINDOW, str(tvm_ffi.libinfo.find_libtvm_ffi()))
+
+
+def _handle(fn) -> int | None:
+    import tvm_ffi
+    if not isinstance(fn, tvm_ffi.Function):
+        fn = getattr(fn, "_tvm_ffi_function", None)
+    return fn.__chandle__() if isinstance(fn, tvm_ffi.Function) else None
+
+
+def offer_qkv_front(cfg, fn) -> None:
+    """Let the C++ path launch this qkv_front variant (a default variant of the plan)."""
+    from .qkv_front_plan import TILES
+    key = ("qkv_front", cfg)
+    if not loaded() or key in _offered:
+        return
+    tile = next((i for i, (_, t, h, k) in enumerate(TILES) if (t, h, k) == (cfg.token_tile, cfg.heads_per_cta,
+                                                                             cfg.k_tiles_per_stage)), None)
+    handle = _handle(fn)
+    if tile is None or handle is None:
+        return
+    _ffi_configured()
+    torch.ops.muse._shims_add_qkv_front(tile, cfg.rope, cfg.pos_dtype == "int64", cfg.slot_dtype == "int64", handle)
+    _offered[key] = fn
+
+
+def offer_attn2(cfg, max_seq_len: int, fn) -> None:
+    """Let the C++ path launch this attn2 variant for the deployment (q_len, window, max_seq_len)."""
+    key = ("attn2", cfg.q_len, cfg.window, int(max_seq_len), cfg.layout)
+    if not loaded() or key in _offered:
+        return
+    handle = _handle(fn)
+    if handle is None:
+        return
+    _ffi_configured()
+    torch.ops.muse._shims_add_attn2(cfg.q_len, cfg.window, int(max_seq_len), cfg.wide, cfg.slots, handle)
+    _offered[key] = fn
+
+
+def clear() -> None:
+    """Forget every registered variant (compile_cache.clear_memory: the functions may be freed)."""
+    if loaded():
+        torch.ops.muse._shims_clear()
+    _offered.clear()
+
+
+def set_backend(name: str | None) -> None:
+    if loaded():
+        torch.ops.muse._shims_set_backend(name)
+
+
+def note_python(op: str) -> None:
+    """A call of `op` ran in Python (last_backend then reads Python's record)."""
+    if loaded():
+        torch.ops.muse._shims_note_python(OPS.index(op))
+
+
+def last_was_cpp(op: str) -> bool:
+    return loaded() and bool(torch.ops.muse._shims_stats()[4 + OPS.index(op)])
+
+
+def stats() -> dict:
+    """Calls served by the C++ path ("cpp") and handed to Python ("python") per op, and the
+    variants registered ("qkv_front variants", "attn2 deployments")."""
+    if not loaded():
+        return {}
+    s = torch.ops.muse._shims_stats()
+    return {"qkv_front": {"cpp": s[0], "python": s[1]}, "attn2": {"cpp": s[2], "python": s[3]},
+            "qkv_front variants": s[6], "attn2 deployments": s[7]}
+
+
+def error_flag(device: torch.device) -> torch.Tensor | None:
+    """The C++ side's error flag of `device` (the one its kernels write), or None."""
+    if not loaded() or device.type != "cuda":
+        return None
+    try:
+        return torch.ops.muse._shims_error_flag(device.index)
+    except Exception:  # noqa: BLE001  (an unsupported device: the Python flag serves)
+        return None
+
+
+# ------------------------------------------------------------------------------------ build
+def build_command(output: Path) -> list[str]:
+    from torch.utils import cpp_extension
+    import tvm_ffi
+    cmd = [os.environ.get("CXX", "g++"), "-std=c++20", "-O2", "-fPIC", "-shared", "-Wall", str(SOURCE), "-o",
+           str(output), f"-I{tvm_ffi.libinfo.find_include_path()}"]
+    cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
+    cmd += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
+    cmd += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
+    cmd += [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    return cmd
+
+
+def build(output: Path | None = None) -> Path:
+    """Compile csrc_shims/muse_shims.cpp against the installed torch (default: into the package,
+    where `load` finds it)."""
+    output = Path(output) if output else PACKAGE_DIR / LIBRARY_NAME
+    output.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(build_command(output), check=True)
+    return output
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m muse_ops.cutedsl.shims", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile the C++ ops against the installed torch")
+    b.add_argument("--output", default=None, help=f"default: muse_ops/{LIBRARY_NAME}")
+    a = ap.parse_args(argv)
+    print(build(a.output))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
