@@ -34,10 +34,49 @@ LIBRARY_ENV = "MUSE_OPS_AOT_LIBRARY"
 LIBRARY_NAME = "libmuse_kernels_sm90a.so"
 RUNTIME_NAME = "libcute_dsl_runtime.so"
 FORMAT = 1
+# the max_seq_lens of the attn2 deployments a library holds by default (deployment_keys)
+DEPLOYMENT_MAX_SEQ_LENS = (512, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
 
 def manifest_path(library: Path) -> Path:
     return library.with_suffix(".json")
+
+
+def shims_table_path(library: Path) -> Path:
+    return library.with_suffix(".shims")
+
+
+def shims_table(entries: dict, max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS) -> str:
+    """The table the C++ ops read when a program without Python loads the library
+    (csrc_shims/muse_shims.cpp, `_shims_load_library`): the plan's decisions for every variant
+    held, as the C++ side looks them up (a token tile per M range; an attn2 variant per
+    deployment and layout)."""
+    from . import attn2_plan, qkv_front_plan
+    lines = ["# muse_ops shims table 1: the plan's variants of " + LIBRARY_NAME,
+             "tiles " + " ".join(str(limit) for limit, *_ in qkv_front_plan.TILES),
+             f"wide {attn2_plan.WIDE_MAX_PAIRS} {attn2_plan.WIDE_MAX_PAIRS_WINDOW}"]
+    tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(qkv_front_plan.TILES)}
+    for key, name in entries.items():
+        if key.startswith("('qkv_front'"):
+            cfg = _qkv_front_configs().get(key)
+            if cfg is not None and (cfg.token_tile, cfg.heads_per_cta, cfg.k_tiles_per_stage) in tiles:
+                tile = tiles[(cfg.token_tile, cfg.heads_per_cta, cfg.k_tiles_per_stage)]
+                lines.append(f"qkv_front {tile} {int(cfg.rope)} {int(cfg.pos_dtype == 'int64')} "
+                             f"{int(cfg.slot_dtype == 'int64')} {name}")
+    for q_len in (1, 8):
+        for window in (0, 2048):
+            for msl in max_seq_lens:
+                for layout in attn2_plan.deployment_layouts(window):
+                    cfg = attn2_plan._config(q_len, window, msl, layout)
+                    name = entries.get(repr(("attn2", cfg.compile_key, "")))
+                    if name is not None:
+                        lines.append(f"attn2 {q_len} {window} {msl} {int(cfg.wide)} {cfg.slots} {name}")
+    return "\n".join(lines) + "\n"
+
+
+def _qkv_front_configs() -> dict:
+    from . import qkv_front_plan
+    return {repr(("qkv_front", cfg, "")): cfg for cfg in qkv_front_plan.ci_variants()}
 
 
 def symbol(key) -> str:
@@ -112,7 +151,7 @@ def reset() -> None:
 
 
 # ------------------------------------------------------------------------------------ build
-def deployment_keys(max_seq_lens=(512, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)):
+def deployment_keys(max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS):
     """(key, config, family) of what a library holds by default: every qkv_front variant CI
     compiles (every tile, RoPE on / off, both index dtypes) and the attn2 variants of Hkv-any
     deployments with q_len 1 and 8, windows 0 and 2048, over these max_seq_lens (a variant covers
@@ -168,6 +207,7 @@ def build(directory, with_runtime: bool = False, keys=None, log=print) -> Path:
                 "cutlass": getattr(cutlass, "__version__", "?"), "tvm_ffi": getattr(tvm_ffi, "__version__", "?"),
                 "runtime": RUNTIME_NAME, "entries": entries}
     manifest_path(library).write_text(json.dumps(manifest, indent=1) + "\n")
+    shims_table_path(library).write_text(shims_table(entries))
     if with_runtime:
         shutil.copy2(Path(aot_config.get_libdir()) / RUNTIME_NAME, directory / RUNTIME_NAME)
     return library

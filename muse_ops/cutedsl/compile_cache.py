@@ -43,11 +43,18 @@ _lock = threading.Lock()
 stats = {"aot": 0, "compiled": 0, "loaded": 0, "memory": 0}   # how each lookup was served (tests, prepare)
 
 
+# The files that decide a variant's generated code: the kernels, their plans (the configs), the
+# PTX helpers, the compile options, and the model constants and error bits they import. The host path (launch, the caches, aot, shims) is not
+# among them, so a change there leaves caches and libraries valid.
+KERNEL_SOURCES = ("attn2.py", "attn2_plan.py", "ptx.py", "qkv_front.py", "qkv_front_plan.py", "runtime.py",
+                  "../config.py", "../errors.py")
+
+
 def _hash_sources(h) -> None:
     root = Path(__file__).resolve().parent
-    for src in sorted(root.glob("*.py")):
-        h.update(src.name.encode())
-        h.update(src.read_bytes())
+    for name in KERNEL_SOURCES:
+        h.update(name.encode())
+        h.update((root / name).read_bytes())
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,139 @@
+"""Host time per eager call: what a caller pays on the CPU before the GPU sees a launch.
+
+    python -m bench.host [--out FILE.json]
+
+For each op at B = 1 and B = 64 (qkv_front M = 8 and 512; attn2 at L = 512 and 8192) and for a
+layer step, N back-to-back calls are timed on the host clock after a sync, N small enough that the
+launch queue never fills (so the host, not the GPU, is what is timed), median of 7 repeats, metadata
+checks on. Paths:
+  torch.ops.muse.*    the public op through the dispatcher (the C++ kernel where the C++ ops are loaded)
+  muse_ops.*          the package's Python functions
+  python body         the Python host path alone (ops._qkv_front_impl / _attn2_impl: checks, plan,
+                      TVM-FFI launch), what muse_ops.* ran before the C++ ops
+  tvm-ffi launch      the compiled function called from Python with nothing else
+  layer eager         MuseAttentionDecode.forward in eager mode (the step checked once in Python,
+                      then both C++ ops)
+  layer compiled      torch.compile(layer) in the default mode (Inductor, no CUDA graphs)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import muse_ops
+from muse_ops import ops
+from muse_ops.config import DEFAULT_SCALE, HIDDEN, proj_cols
+from muse_ops.cutedsl import launch, shims
+from muse_ops.cutedsl.attn2_plan import launch_config as attn2_config, wave_ctas
+from muse_ops.cutedsl.qkv_front_plan import k_split, launch_config as qkv_config
+from muse_ops.errors import error_flag
+from muse_ops.paged import PagedBatch
+
+KV_HEADS = 2
+CALLS = 200
+
+
+def host_us(fn, calls: int = CALLS, repeats: int = 7) -> float:
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / calls / 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _inputs(batch: int, length: int):
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [length] * batch
+    b = PagedBatch.build(lengths, batch * (length // 16 + 2), 8, generator=gen, device="cuda")
+    cache = muse_ops.allocate_kv_cache(batch * (length // 16 + 2), KV_HEADS, device="cuda")
+    cache.normal_()
+    x = torch.randn(8 * batch, HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+    w = (torch.randn(proj_cols(KV_HEADS), HIDDEN, generator=gen) / HIDDEN ** 0.5).to("cuda", torch.bfloat16)
+    ws = muse_ops.attn2_workspace("cuda", 128, KV_HEADS, 8, 0, 16384)
+    return b, cache, x, w, ws
+
+
+def measure() -> list[dict]:
+    rows = []
+    kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=16384)
+    for batch, length in ((1, 512), (64, 8192)):
+        b, cache, x, w, ws = _inputs(batch, length)
+        with torch.inference_mode():
+            y = torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)
+            torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw)
+            flag = error_flag(x.device)
+            qfn = launch.compile_qkv_front(qkv_config(x.shape[0], False, b.positions.dtype, b.slots.dtype))
+            acfg = attn2_config(batch, KV_HEADS, 8, 0, 16384)
+            afn = launch.compile_attn2(acfg)
+            from muse_ops.cutedsl import runtime
+            dummy = runtime.dummy_tensor(x.device)
+            yq = torch.empty_like(y)
+            out = torch.empty(y.shape[0], 512 * KV_HEADS, dtype=torch.bfloat16, device="cuda")
+            split, wave = k_split(KV_HEADS), wave_ctas(x.device)
+            paths = {
+                "qkv_front": {
+                    "torch.ops.muse.qkv_front": lambda: torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache),
+                    "muse_ops.qkv_front": lambda: muse_ops.qkv_front(x, w, b.positions, b.slots, None, cache),
+                    "python body": lambda: ops._qkv_front_impl(x, w, b.positions, b.slots, None, cache),
+                    "tvm-ffi launch": lambda: qfn(x, w, b.positions, b.slots, dummy, cache, yq, flag, split),
+                },
+                "attn2": {
+                    "torch.ops.muse.attn2": lambda: torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw),
+                    "muse_ops.attn2": lambda: muse_ops.attn2(y, cache, b.page_table, b.seq_lens, workspace=ws, **kw),
+                    "python body": lambda: ops._attn2_impl(y, cache, b.page_table, b.seq_lens, ws, **kw),
+                    "tvm-ffi launch": lambda: afn(y, cache, b.page_table, b.seq_lens, out, ws, flag, DEFAULT_SCALE,
+                                                  16384, wave),
+                },
+            }
+            for op, fns in paths.items():
+                for name, fn in fns.items():
+                    rows.append({"op": op, "B": batch, "L": length, "path": name, "host_us": host_us(fn)})
+        cfg = muse_ops.DeploymentConfig.full(kv_heads=KV_HEADS, max_seq_len=16384, max_batch=128)
+        layer = muse_ops.MuseAttentionDecode(cfg, device="cuda")
+        layer.prepare()
+        layer.qkv_weight.data.copy_(w)
+        args = (x, b.positions, b.slots, cache, b.page_table, b.seq_lens)
+        with torch.inference_mode():
+            rows.append({"op": "layer", "B": batch, "L": length, "path": "layer eager",
+                         "host_us": host_us(lambda: layer(*args))})
+            compiled = torch.compile(layer)
+            for _ in range(3):
+                compiled(*args)
+            rows.append({"op": "layer", "B": batch, "L": length, "path": "layer compiled (default mode)",
+                         "host_us": host_us(lambda: compiled(*args))})
+    return rows
+
+
+def table(rows) -> str:
+    lines = ["| op | B | L | path | host us / call |", "|---|---|---|---|---|"]
+    lines += [f"| {r['op']} | {r['B']} | {r['L']} | {r['path']} | {r['host_us']:.1f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = measure()
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shims": shims.status(),
+            "stats": shims.stats(), "calls": CALLS}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(json.dumps(meta))
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

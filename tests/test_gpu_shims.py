@@ -1,0 +1,227 @@
+"""The C++ ops (csrc_shims/, muse_ops.cutedsl.shims) on the GPU: once a variant is registered, eager
+calls of torch.ops.muse.* and muse_ops.* launch it from C++, with the same bits as the Python host
+path, the same errors (handed back to Python before anything is written), the device error flag,
+CUDA graphs and torch.compile; and the C++ example runs a layer step from a program without
+Python. Skipped without CUDA or without the C++ library."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import muse_ops
+from muse_ops import errors, ops
+from muse_ops.config import DEFAULT_SCALE
+from muse_ops.cutedsl import shims
+from muse_ops.paged import PagedBatch
+from muse_ops.reference import rope_cos_sin
+from muse_ops.testing import assert_close, assert_layer_close, attn2_f64, qkv_front_f64
+from scenario import attn2_inputs, qkv_front_inputs
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _loaded():
+    if not shims.loaded():
+        pytest.skip(f"no C++ ops: {shims.status()}")
+
+
+def _bits(t):
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _front_case(m, kv_heads, rope, index_dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = qkv_front_inputs(m, kv_heads, gen, device="cuda")
+    num_pages = 64
+    slots = torch.randperm(num_pages * 16, generator=gen)[:m].to(index_dtype)
+    slots[::5] = -1                                     # padding rows: no insert
+    positions = torch.randint(0, 4096, (m,), generator=gen).to(index_dtype)
+    cos_sin = rope_cos_sin(4096, device="cuda") if rope else None
+    cache = torch.randn(num_pages, kv_heads, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    return x, w, positions.cuda(), slots.cuda(), cos_sin, cache
+
+
+def _counts(op):
+    s = shims.stats()[op]
+    return s["cpp"], s["python"]
+
+
+@pytest.mark.parametrize("m,kv_heads,rope,index_dtype", [(1, 2, True, torch.int64), (8, 2, False, torch.int32),
+                                                        (64, 1, True, torch.int64), (300, 4, True, torch.int32)])
+def test_gpu_shims_qkv_front_matches_the_python_path(m, kv_heads, rope, index_dtype):
+    x, w, positions, slots, cos_sin, cache = _front_case(m, kv_heads, rope, index_dtype, seed=m)
+    with torch.inference_mode():
+        torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache.clone())   # registers the variant
+        cpp0, py0 = _counts("qkv_front")
+        cache_cpp, cache_py = cache.clone(), cache.clone()
+        y_cpp = torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache_cpp)
+        y_mod = muse_ops.qkv_front(x, w, positions, slots, cos_sin, cache_cpp.clone())
+        assert _counts("qkv_front") == (cpp0 + 2, py0), "the C++ path did not serve both calls"
+        assert muse_ops.last_backend("qkv_front") == "cutedsl"
+        y_py = ops._run_qkv_front("cutedsl", x, w, positions, slots, cos_sin, cache_py)   # the Python host path
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(y_cpp), _bits(y_py)) and torch.equal(_bits(y_cpp), _bits(y_mod))
+    assert torch.equal(_bits(cache_cpp), _bits(cache_py))
+    y64 = qkv_front_f64(x, w, positions, cos_sin, kv_heads)
+    assert_close(y_cpp, y64, "y")
+    untouched = torch.ones(cache.shape[0] * 16, dtype=torch.bool, device="cuda")
+    untouched[slots[slots >= 0].long()] = False
+    flat = lambda c: c.permute(0, 2, 1, 3).reshape(-1, kv_heads, 128)   # noqa: E731
+    assert torch.equal(_bits(flat(cache_cpp)[untouched]), _bits(flat(cache)[untouched])), "rows outside the slots changed"
+
+
+@pytest.mark.parametrize("q_len,window,lengths", [(8, 0, [100, 3000, 70]), (1, 0, [5000]), (8, 2048, [9000, 40]),
+                                                  (8, 0, [300] * 20)])
+def test_gpu_shims_attn2_matches_the_python_path(q_len, window, lengths):
+    gen = torch.Generator().manual_seed(len(lengths) + q_len)
+    y, cache, b = attn2_inputs(lengths, q_len, 2, gen, device="cuda")
+    page_table, seq_lens = b.page_table.cuda(), b.seq_lens.cuda()
+    kw = dict(q_len=q_len, window=window, scale=DEFAULT_SCALE, max_seq_len=16384)
+    ws = muse_ops.attn2_workspace("cuda", 32, 2, q_len, window, 16384)
+    with torch.inference_mode():
+        torch.ops.muse.attn2(y, cache, page_table, seq_lens, ws, **kw)     # registers the variant
+        cpp0, py0 = _counts("attn2")
+        out_cpp = torch.ops.muse.attn2(y, cache, page_table, seq_lens, ws, **kw)
+        out_mod = muse_ops.attn2(y, cache, page_table, seq_lens, workspace=ws, **kw)
+        assert _counts("attn2") == (cpp0 + 2, py0)
+        out_py = ops._run_attn2("cutedsl", y, cache, page_table, seq_lens, ws, q_len, window, DEFAULT_SCALE, 16384)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(out_cpp), _bits(out_py)) and torch.equal(_bits(out_cpp), _bits(out_mod))
+    ref = attn2_f64(y, cache, page_table, seq_lens, q_len=q_len, window=window, scale=DEFAULT_SCALE)
+    assert_close(out_cpp, ref, "out")
+
+
+def test_gpu_shims_refusals_are_the_packages_errors_and_write_nothing():
+    x, w, positions, slots, cos_sin, cache = _front_case(8, 2, True, torch.int64, seed=5)
+    before = cache.clone()
+    with torch.inference_mode():
+        torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache.clone())
+        with pytest.raises(muse_ops.MuseInputError, match="weight"):
+            torch.ops.muse.qkv_front(x, w[:-64], positions, slots, cos_sin, cache)
+        with pytest.raises(muse_ops.MuseInputError, match="positions"):
+            torch.ops.muse.qkv_front(x, w, positions[:-1], slots, cos_sin, cache)
+        with pytest.raises(muse_ops.MuseInputError, match="x must be contiguous"):
+            torch.ops.muse.qkv_front(x.t().contiguous().t(), w, positions, slots, cos_sin, cache)
+    with pytest.raises(muse_ops.MuseInputError, match="inference-only"):
+        torch.ops.muse.qkv_front(x, w.clone().requires_grad_(), positions, slots, cos_sin, cache)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(cache), _bits(before)), "a refused call wrote the cache"
+    y, kv, b = attn2_inputs([100], 8, 2, torch.Generator().manual_seed(1), device="cuda")
+    kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=4096)
+    with torch.inference_mode(), pytest.raises(muse_ops.MuseInputError, match="workspace"):
+        torch.ops.muse.attn2(y, kv, b.page_table.cuda(), b.seq_lens.cuda(), torch.zeros(16, dtype=torch.uint8,
+                             device="cuda"), **kw)
+
+
+def test_gpu_shims_backend_selection_and_checked_mode(monkeypatch):
+    x, w, positions, slots, cos_sin, cache = _front_case(8, 2, True, torch.int64, seed=6)
+    with torch.inference_mode():
+        torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache)
+        cpp0, py0 = _counts("qkv_front")
+        torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache, backend="reference")
+        assert muse_ops.last_backend("qkv_front") == "reference"
+        muse_ops.set_backend("reference")
+        try:
+            torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache)
+            assert muse_ops.last_backend("qkv_front") == "reference"
+        finally:
+            muse_ops.set_backend(None)
+        monkeypatch.setenv("MUSE_OPS_CHECK", "1")
+        bad = slots.clone()
+        bad[0] = cache.shape[0] * 16          # past the cache: checked mode raises before writing
+        with pytest.raises(muse_ops.MuseInputError, match="slots"):
+            torch.ops.muse.qkv_front(x, w, positions, bad, cos_sin, cache)
+        monkeypatch.delenv("MUSE_OPS_CHECK")
+        assert _counts("qkv_front") == (cpp0, py0 + 3)
+        errors.device_errors("cuda")
+        torch.ops.muse.qkv_front(x, w, positions, bad, cos_sin, cache)   # unchecked: the kernel flags it
+        assert _counts("qkv_front")[0] == cpp0 + 1
+        assert errors.device_errors("cuda") & errors.BAD_SLOT
+
+
+def _layer_step(cfg, lengths, seed):
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    layer = muse_ops.MuseAttentionDecode(cfg, device="cuda")
+    layer.prepare()
+    b = PagedBatch.build(lengths, 1024, cfg.q_len, generator=gen, device="cuda")
+    cache = muse_ops.allocate_kv_cache(1024, cfg.kv_heads, device="cuda")
+    cache.normal_(generator=torch.Generator("cuda").manual_seed(seed))
+    x = torch.randn(cfg.q_len * len(lengths), 8192, generator=gen).to("cuda", torch.bfloat16)
+    return layer, b, cache, x
+
+
+def test_gpu_shims_graph_and_compile_launch_from_cpp():
+    cfg = muse_ops.DeploymentConfig.sliding(kv_heads=2, max_seq_len=8192, max_batch=4)
+    layer, b, cache, x = _layer_step(cfg, [100, 3000, 5000], seed=7)
+    args = (b.positions, b.slots)
+    with torch.inference_mode():
+        eager_cache = cache.clone()
+        eager = layer(x, *args, eager_cache, b.page_table, b.seq_lens)
+        # CUDA graph of the C++ path
+        graph_cache = cache.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(x, *args, graph_cache.clone(), b.page_table, b.seq_lens)
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        cpp0 = _counts("qkv_front")[0]
+        with torch.cuda.graph(g):
+            captured = layer(x, *args, graph_cache, b.page_table, b.seq_lens)
+        assert _counts("qkv_front")[0] == cpp0 + 1, "the capture did not go through the C++ path"
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(_bits(captured), _bits(eager)) and torch.equal(_bits(graph_cache), _bits(eager_cache))
+        # torch.compile (default mode): the compiled graph calls the public ops, i.e. the C++ kernels
+        compiled = torch.compile(layer, fullgraph=True)
+        comp_cache = cache.clone()
+        compiled(x, *args, comp_cache.clone(), b.page_table, b.seq_lens)
+        cpp0 = _counts("attn2")[0]
+        out = compiled(x, *args, comp_cache, b.page_table, b.seq_lens)
+        assert _counts("attn2")[0] == cpp0 + 1
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(out), _bits(eager)) and torch.equal(_bits(comp_cache), _bits(eager_cache))
+    y64 = qkv_front_f64(x, layer.qkv_weight.detach(), b.positions, layer.cos_sin, 2)
+    ref = attn2_f64(y64.to(torch.bfloat16), eager_cache, b.page_table, b.seq_lens, q_len=8, window=cfg.window,
+                    scale=cfg.scale)
+    assert_layer_close(eager, ref)
+
+
+def _example_build(tmp_path) -> Path:
+    from torch.utils import cpp_extension
+    exe = tmp_path / "verify_step"
+    lib = Path(shims.status().split(" ")[0])
+    cmd = [os.environ.get("CXX", "g++"), "-std=c++20", "-O2", str(ROOT / "csrc_shims/examples/verify_step.cpp"),
+           "-o", str(exe)] + [f"-I{p}" for p in cpp_extension.include_paths()]
+    cmd += [f"-L{p}" for p in cpp_extension.library_paths()] + [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
+    cmd += ["-Wl,--no-as-needed", "-ltorch", "-ltorch_cuda", "-ltorch_cpu", "-lc10_cuda", "-lc10", "-ldl",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-DMUSE_SHIMS_DEFAULT=\"{lib}\""]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def test_gpu_shims_cpp_example_runs_a_verify_step(tmp_path):
+    library = os.environ.get("MUSE_OPS_AOT_LIBRARY")
+    if not library:
+        pytest.skip("the example loads an ahead-of-time library ($MUSE_OPS_AOT_LIBRARY)")
+    exe = _example_build(tmp_path)
+    dump = tmp_path / "step.pt"
+    run = subprocess.run([str(exe), shims.status().split(" ")[0], library, str(dump)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "launched from C++: qkv_front 1 attn2 1" in run.stdout, run.stdout
+    step = torch.load(dump)
+    x, w = step["x"].cuda(), step["weight"].cuda()
+    positions, page_table, seq_lens = step["positions"].cuda(), step["page_table"].cuda(), step["seq_lens"].cuda()
+    kv_heads = step["cache_before"].shape[1]
+    y64 = qkv_front_f64(x, w, positions, None, kv_heads)     # a full-attention layer: no RoPE
+    assert_close(step["y"].cuda(), y64, "y (C++ example)")
+    ref = attn2_f64(y64.to(torch.bfloat16), step["cache_after"].cuda(), page_table, seq_lens, q_len=8, window=0,
+                    scale=DEFAULT_SCALE)
+    assert_layer_close(step["out"].cuda(), ref, "out (C++ example)")
+    print(run.stdout, file=sys.stderr)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On the GPU machine, DSL-free: the ahead-of-time library (tools/aot_device_env.sh), the C++ ops
+# built there against its torch, then PART = shims (their GPU tests), host (bench/host.py), gpu
+# (the whole GPU suite through them), or all. Logs and JSON under $OUT.
+set -uo pipefail
+. tools/aot_device_env.sh
+mkdir -p /tmp/shims
+if [ ! -f /tmp/shims/libmuse_shims.so ]; then
+  MUSE_OPS_SHIMS=0 python3 -m muse_ops.cutedsl.shims build --output /tmp/shims/libmuse_shims.so > "$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+export MUSE_OPS_SHIMS=/tmp/shims/libmuse_shims.so
+python3 -c "import muse_ops; from muse_ops.cutedsl import shims, aot; print('shims:', shims.status()); print('aot:', aot.status())"
+PART=${PART:-all}
+if [ "$PART" = shims ] || [ "$PART" = all ]; then
+  timeout 300 python3 -m pytest -q -x -s tests/test_gpu_shims.py > "$OUT/shims_tests.log" 2>&1; echo "shims tests rc=$?"
+  tail -15 "$OUT/shims_tests.log"
+fi
+if [ "$PART" = host ] || [ "$PART" = all ]; then
+  timeout 240 python3 -m bench.host --out "$OUT/host.json" > "$OUT/host.log" 2>&1; echo "host rc=$?"
+  tail -25 "$OUT/host.log"
+fi
+if [ "$PART" = gpu ]; then
+  timeout 500 python3 -m pytest -q -m gpu tests > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc=$?"
+  tail -25 "$OUT/gpu_tests.log"
+fi
