@@ -86,6 +86,7 @@ def measure() -> list[dict]:
                     "muse_ops.qkv_front": lambda: muse_ops.qkv_front(x, w, b.positions, b.slots, None, cache),
                     "python body": lambda: ops._qkv_front_impl(x, w, b.positions, b.slots, None, cache),
                     "tvm-ffi launch": lambda: qfn(x, w, b.positions, b.slots, dummy, cache, yq, flag, split),
+                    "dispatcher floor": lambda: torch.ops.muse._shims_null(x, w, b.positions, b.slots, None, cache),
                 },
                 "attn2": {
                     "torch.ops.muse.attn2": lambda: torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw),
@@ -95,9 +96,19 @@ def measure() -> list[dict]:
                                                   16384, wave),
                 },
             }
+            if not shims.loaded():
+                del paths["qkv_front"]["dispatcher floor"]
             for op, fns in paths.items():
                 for name, fn in fns.items():
-                    rows.append({"op": op, "B": batch, "L": length, "path": name, "host_us": host_us(fn)})
+                    before = shims.stats().get(op, {})
+                    us = host_us(fn)
+                    after = shims.stats().get(op, {})
+                    row = {"op": op, "B": batch, "L": length, "path": name, "host_us": us}
+                    n = after.get("cpp", 0) - before.get("cpp", 0)
+                    if n and name.startswith(("torch.ops", "muse_ops")):   # the C++ body's share of it
+                        row["cpp_us"] = (after["cpp_us"] * after["cpp"] - before["cpp_us"] * before["cpp"]) / n
+                        row["launch_us"] = (after["launch_us"] * after["cpp"] - before["launch_us"] * before["cpp"]) / n
+                    rows.append(row)
         cfg = muse_ops.DeploymentConfig.full(kv_heads=KV_HEADS, max_seq_len=16384, max_batch=128)
         layer = muse_ops.MuseAttentionDecode(cfg, device="cuda")
         layer.prepare()
@@ -115,8 +126,11 @@ def measure() -> list[dict]:
 
 
 def table(rows) -> str:
-    lines = ["| op | B | L | path | host us / call |", "|---|---|---|---|---|"]
-    lines += [f"| {r['op']} | {r['B']} | {r['L']} | {r['path']} | {r['host_us']:.1f} |" for r in rows]
+    lines = ["| op | B | L | path | host us / call | in the C++ kernel | of which its launch |",
+             "|---|---|---|---|---|---|---|"]
+    fmt = lambda v: f"{v:.1f}" if v is not None else ""   # noqa: E731
+    lines += [f"| {r['op']} | {r['B']} | {r['L']} | {r['path']} | {r['host_us']:.1f} | {fmt(r.get('cpp_us'))} | "
+              f"{fmt(r.get('launch_us'))} |" for r in rows]
     return "\n".join(lines)
 
 

@@ -40,6 +40,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -53,6 +54,11 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+// The interface version muse_ops/cutedsl/shims.py expects: it reads this marker from the file
+// before loading it, so a library built from older sources is never loaded (bump on any change of
+// the ops below or of what Python calls).
+extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=1;";
 
 namespace muse_shims {
 namespace {
@@ -133,7 +139,15 @@ struct State {
   std::atomic<int64_t> fast[2] = {0, 0};
   std::atomic<int64_t> slow[2] = {0, 0};
   std::atomic<bool> last_fast[2] = {false, false};
+  // host time of the fast path (the C++ kernel's whole body, and its kernel call alone), in ns
+  std::atomic<int64_t> fast_ns[2] = {0, 0};
+  std::atomic<int64_t> launch_ns[2] = {0, 0};
 };
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 State& state() {
   static State* s = new State();   // never destroyed: kernels may run during interpreter teardown
@@ -233,8 +247,9 @@ struct Args {
 
 // Call `kernel` on torch's current stream of `device` (the kernels read TVM-FFI's environment
 // stream, set here around the call and restored after it).
-void call(const Kernel& kernel, Args& args, const char* op) {
+void call(const Kernel& kernel, Args& args, const char* op, int op_index) {
   State& s = state();
+  const int64_t t0 = now_ns();
   c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(args.device));
   void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
   TVMFFIStreamHandle previous = nullptr;
@@ -244,6 +259,7 @@ void call(const Kernel& kernel, Args& args, const char* op) {
   result.type_index = kTVMFFINone;
   int rc = kernel.call(kernel.self, args.values, args.count, &result);
   s.ffi.set_stream(kDLCUDA, args.device, previous, nullptr);
+  s.launch_ns[op_index].fetch_add(now_ns() - t0, std::memory_order_relaxed);
   if (rc != 0) {
     TVMFFIObjectHandle error = nullptr;
     s.ffi.move_error(&error);
@@ -366,55 +382,111 @@ at::Tensor attn2_python(const char* why, const at::Tensor& y, const at::Tensor& 
 }
 
 // ------------------------------------------------------------------------- the ops
+// Each op is a plan (every check of the fast path; null, or why the call goes to Python) and a
+// launch. The step gate runs both plans of a layer step before either op writes anything.
+struct FrontPlan {
+  Kernel kernel;
+  Device* device = nullptr;
+  int64_t m = 0, n = 0, kv_heads = 0;
+};
+
+const char* plan_qkv_front(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
+                           const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin,
+                           const at::Tensor& kv_cache, const std::optional<c10::string_view>& backend, FrontPlan& p) {
+  if (const char* why = backend_refusal(backend)) return why;
+  if (!kv_cache_ok(kv_cache)) return "kv_cache metadata";
+  const c10::Device device = kv_cache.device();
+  p.kv_heads = kv_cache.size(1);
+  p.n = kProjColsPerKvHead * p.kv_heads;
+  if (!tensor_ok(x, at::kBFloat16, 2, device) || x.size(1) != kHidden) return "x metadata";
+  p.m = x.size(0);
+  if (p.m == 0) return "an empty batch";
+  if (!tensor_ok(weight, at::kBFloat16, 2, device) || weight.size(0) != p.n || weight.size(1) != kHidden)
+    return "weight metadata";
+  if (!index_ok(positions, device) || positions.size(0) != p.m) return "positions metadata";
+  if (!index_ok(slots, device) || slots.size(0) != p.m) return "slots metadata";
+  const bool rope = cos_sin.has_value();
+  if (rope && (!tensor_ok(*cos_sin, at::kFloat, 2, device) || cos_sin->size(1) != kHeadDim || cos_sin->size(0) < 1))
+    return "cos_sin metadata";
+  static const at::Tensor undefined;
+  if (records_grad({&x, &weight, rope ? &*cos_sin : &undefined})) return "inputs that require grad";
+  p.device = &device_state(device.index());
+  if (!p.device->supported) return p.device->why.c_str();
+  State& s = state();
+  std::shared_lock lock(s.mutex);
+  const int tile = tile_index(p.m);
+  if (tile >= 0 && s.ffi.ready())
+    p.kernel = s.qkv[tile][rope][positions.scalar_type() == at::kLong][slots.scalar_type() == at::kLong];
+  return p.kernel.call ? nullptr : "no kernel registered for this variant";
+}
+
+struct AttnPlan {
+  Attn2Entry entry;
+  Device* device = nullptr;
+  int64_t r = 0, kv_heads = 0;
+};
+
+// y may be null (the step gate: y is qkv_front's output, [q_len * R, N] by construction).
+const char* plan_attn2(const at::Tensor* y, const at::Tensor& kv_cache, const at::Tensor& page_table,
+                       const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len,
+                       int64_t window, double scale, int64_t max_seq_len,
+                       const std::optional<c10::string_view>& backend, AttnPlan& p) {
+  if (const char* why = backend_refusal(backend)) return why;
+  if (!kv_cache_ok(kv_cache)) return "kv_cache metadata";
+  const c10::Device device = kv_cache.device();
+  p.kv_heads = kv_cache.size(1);
+  if (q_len != 1 && q_len != 8) return "q_len";
+  if (window < 0) return "window";
+  if (max_seq_len < q_len) return "max_seq_len";
+  if (!(scale > 0 && std::isfinite(scale))) return "scale";
+  if (!tensor_ok(seq_lens, at::kInt, 1, device, false)) return "seq_lens metadata";
+  p.r = seq_lens.size(0);
+  if (p.r == 0) return "an empty batch";
+  if (!tensor_ok(page_table, at::kInt, 2, device, false) || page_table.size(0) != p.r || page_table.size(1) < 1)
+    return "page_table metadata";
+  if (!workspace.has_value()) return "no workspace given";
+  if (!tensor_ok(*workspace, at::kByte, 1, device)) return "workspace metadata";
+  if (y && (!tensor_ok(*y, at::kBFloat16, 2, device) || y->size(0) != q_len * p.r ||
+            y->size(1) != kProjColsPerKvHead * p.kv_heads))
+    return "y metadata";
+  if (y && records_grad({y})) return "inputs that require grad";
+  p.device = &device_state(device.index());
+  if (!p.device->supported) return p.device->why.c_str();
+  State& s = state();
+  {
+    std::shared_lock lock(s.mutex);
+    auto it = s.attn2.find({q_len, window, max_seq_len, wide_layout(p.r, p.kv_heads, window)});
+    if (it != s.attn2.end() && s.ffi.ready()) p.entry = it->second;
+  }
+  if (!p.entry.kernel.call) return "no kernel registered for this deployment and layout";
+  if (workspace->numel() < attn2_workspace_bytes(p.r, p.kv_heads, p.entry.slots, q_len))
+    return "workspace too small for this batch";
+  return nullptr;
+}
+
 at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
                           const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, at::Tensor& kv_cache,
                           std::optional<c10::string_view> backend) {
-  auto python = [&](const char* why) {
+  const int64_t t0 = now_ns();
+  FrontPlan p;
+  if (const char* why = plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, p))
     return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
-  };
-  if (const char* why = backend_refusal(backend)) return python(why);
-  if (!kv_cache_ok(kv_cache)) return python("kv_cache metadata");
-  const c10::Device device = kv_cache.device();
-  const int64_t kv_heads = kv_cache.size(1), n = kProjColsPerKvHead * kv_heads;
-  if (!tensor_ok(x, at::kBFloat16, 2, device) || x.size(1) != kHidden) return python("x metadata");
-  const int64_t m = x.size(0);
-  if (m == 0) return python("an empty batch");
-  if (!tensor_ok(weight, at::kBFloat16, 2, device) || weight.size(0) != n || weight.size(1) != kHidden)
-    return python("weight metadata");
-  if (!index_ok(positions, device) || positions.size(0) != m) return python("positions metadata");
-  if (!index_ok(slots, device) || slots.size(0) != m) return python("slots metadata");
-  const bool rope = cos_sin.has_value();
-  if (rope && (!tensor_ok(*cos_sin, at::kFloat, 2, device) || cos_sin->size(1) != kHeadDim || cos_sin->size(0) < 1))
-    return python("cos_sin metadata");
-  static const at::Tensor undefined;
-  if (records_grad({&x, &weight, rope ? &*cos_sin : &undefined})) return python("inputs that require grad");
-  Device& dev = device_state(device.index());
-  if (!dev.supported) return python(dev.why.c_str());
-
-  State& s = state();
-  Kernel kernel;
-  {
-    std::shared_lock lock(s.mutex);
-    const int tile = tile_index(m);
-    if (tile >= 0 && s.ffi.ready())
-      kernel = s.qkv[tile][rope][positions.scalar_type() == at::kLong][slots.scalar_type() == at::kLong];
-  }
-  if (!kernel.call) return python("no kernel registered for this variant");
-
-  at::Tensor y = at::empty({m, n}, x.options());
+  at::Tensor y = at::empty({p.m, p.n}, x.options());
   Args args;
-  args.device = device.index();
+  args.device = kv_cache.device().index();
   args.tensor(x);
   args.tensor(weight);
   args.tensor(positions);
   args.tensor(slots);
-  args.tensor(rope ? *cos_sin : dev.dummy);
+  args.tensor(cos_sin.has_value() ? *cos_sin : p.device->dummy);
   args.tensor(kv_cache);
   args.tensor(y);
-  args.tensor(dev.error_flag);
-  args.integer(k_split(kv_heads));
-  call(kernel, args, "qkv_front");
+  args.tensor(p.device->error_flag);
+  args.integer(k_split(p.kv_heads));
+  call(p.kernel, args, "qkv_front", kQkvFront);
+  State& s = state();
   s.fast[kQkvFront].fetch_add(1, std::memory_order_relaxed);
+  s.fast_ns[kQkvFront].fetch_add(now_ns() - t0, std::memory_order_relaxed);
   s.last_fast[kQkvFront].store(true, std::memory_order_relaxed);
   return y;
 }
@@ -422,59 +494,46 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
 at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at::Tensor& page_table,
                       const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len,
                       int64_t window, double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
-  auto python = [&](const char* why) {
+  const int64_t t0 = now_ns();
+  AttnPlan p;
+  if (const char* why = plan_attn2(&y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
+                                   backend, p))
     return attn2_python(why, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                         backend);
-  };
-  if (const char* why = backend_refusal(backend)) return python(why);
-  if (!kv_cache_ok(kv_cache)) return python("kv_cache metadata");
-  const c10::Device device = kv_cache.device();
-  const int64_t kv_heads = kv_cache.size(1);
-  if (q_len != 1 && q_len != 8) return python("q_len");
-  if (window < 0) return python("window");
-  if (max_seq_len < q_len) return python("max_seq_len");
-  if (!(scale > 0 && std::isfinite(scale))) return python("scale");
-  if (!tensor_ok(seq_lens, at::kInt, 1, device, false)) return python("seq_lens metadata");
-  const int64_t r = seq_lens.size(0);
-  if (r == 0) return python("an empty batch");
-  if (!tensor_ok(page_table, at::kInt, 2, device, false) || page_table.size(0) != r || page_table.size(1) < 1)
-    return python("page_table metadata");
-  if (!workspace.has_value()) return python("no workspace given");
-  if (!tensor_ok(*workspace, at::kByte, 1, device)) return python("workspace metadata");
-  if (!tensor_ok(y, at::kBFloat16, 2, device) || y.size(0) != q_len * r || y.size(1) != kProjColsPerKvHead * kv_heads)
-    return python("y metadata");
-  if (records_grad({&y})) return python("inputs that require grad");
-  Device& dev = device_state(device.index());
-  if (!dev.supported) return python(dev.why.c_str());
-
-  State& s = state();
-  Attn2Entry entry;
-  {
-    std::shared_lock lock(s.mutex);
-    auto it = s.attn2.find({q_len, window, max_seq_len, wide_layout(r, kv_heads, window)});
-    if (it != s.attn2.end() && s.ffi.ready()) entry = it->second;
-  }
-  if (!entry.kernel.call) return python("no kernel registered for this deployment and layout");
-  if (workspace->numel() < attn2_workspace_bytes(r, kv_heads, entry.slots, q_len))
-    return python("workspace too small for this batch");
-
-  at::Tensor out = at::empty({y.size(0), kGroup * kv_heads * kHeadDim}, y.options());
+  at::Tensor out = at::empty({y.size(0), kGroup * p.kv_heads * kHeadDim}, y.options());
   Args args;
-  args.device = device.index();
+  args.device = kv_cache.device().index();
   args.tensor(y);
   args.tensor(kv_cache);
   args.tensor(page_table);
   args.tensor(seq_lens);
   args.tensor(out);
   args.tensor(*workspace);
-  args.tensor(dev.error_flag);
+  args.tensor(p.device->error_flag);
   args.real(scale);
   args.integer(max_seq_len);
-  args.integer(dev.sm_count);   // attn2_plan.wave_ctas
-  call(entry.kernel, args, "attn2");
+  args.integer(p.device->sm_count);   // attn2_plan.wave_ctas
+  call(p.entry.kernel, args, "attn2", kAttn2);
+  State& s = state();
   s.fast[kAttn2].fetch_add(1, std::memory_order_relaxed);
+  s.fast_ns[kAttn2].fetch_add(now_ns() - t0, std::memory_order_relaxed);
   s.last_fast[kAttn2].store(true, std::memory_order_relaxed);
   return out;
+}
+
+// Whether both ops of a layer step (qkv_front, then attn2 on its y) will take the C++ path: then
+// neither can refuse the step after the first has written the cache (MuseAttentionDecode's eager
+// step asks this instead of running Python's whole-step check).
+bool step_ready(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions, const at::Tensor& slots,
+                const std::optional<at::Tensor>& cos_sin, const at::Tensor& kv_cache, const at::Tensor& page_table,
+                const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len, int64_t window,
+                double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
+  FrontPlan front;
+  AttnPlan attn;
+  return !plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, front) &&
+         !plan_attn2(nullptr, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len, backend,
+                     attn) &&
+         front.m == q_len * attn.r;
 }
 
 // ------------------------------------------------------------------------- registration (Python, tables)
@@ -606,7 +665,8 @@ std::vector<int64_t> stats() {
       for (auto& b : a)
         for (auto& k : b) qkv += k.call != nullptr;
   return {s.fast[0].load(), s.slow[0].load(), s.fast[1].load(), s.slow[1].load(), s.last_fast[0].load(),
-          s.last_fast[1].load(), qkv, static_cast<int64_t>(s.attn2.size())};
+          s.last_fast[1].load(), qkv, static_cast<int64_t>(s.attn2.size()), s.fast_ns[0].load(),
+          s.fast_ns[1].load(), s.launch_ns[0].load(), s.launch_ns[1].load()};
 }
 
 int64_t plan(std::string what, std::vector<int64_t> a) {   // the formulas, for the tests
@@ -645,7 +705,13 @@ TORCH_LIBRARY(muse, m) {
   m.def("_shims_note_python(int op) -> ()",
         [](int64_t op) { state().last_fast[op != 0].store(false, std::memory_order_relaxed); });
   m.def("_shims_stats() -> int[]", &stats);
+  m.def("_shims_step_ready(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
+        "Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor? workspace, *, int q_len, int window, "
+        "float scale, int max_seq_len, str? backend=None) -> bool");
   m.def("_shims_clear() -> ()", &clear);
+  // the dispatcher's own cost for qkv_front's argument list (bench/host.py: the floor of a call)
+  m.def("_shims_null(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
+        "Tensor(a!) kv_cache, *, str? backend=None) -> Tensor");
   m.def("_shims_plan(str what, int[] args) -> int", &plan);
   m.def("_shims_error_flag(int device) -> Tensor", [](int64_t index) {
     Device& d = device_state(static_cast<int>(index));
@@ -657,4 +723,7 @@ TORCH_LIBRARY(muse, m) {
 TORCH_LIBRARY_IMPL(muse, CUDA, m) {
   m.impl("qkv_front", &muse_shims::qkv_front_cuda);
   m.impl("attn2", &muse_shims::attn2_cuda);
+  m.impl("_shims_step_ready", &muse_shims::step_ready);
+  m.impl("_shims_null", [](const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, at::Tensor&, std::optional<c10::string_view>) { return x; });
 }

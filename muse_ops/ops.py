@@ -197,8 +197,11 @@ else:
                                     scale=scale, max_seq_len=max_seq_len, backend=backend)
         return NotImplemented
 
-_QKV_FRONT_OP = torch.ops.muse.qkv_front.default
-_ATTN2_OP = torch.ops.muse.attn2.default
+# the overloads' dispatcher entries, called without OpOverload.__call__'s Python frame (eager
+# only: traced calls go through the OpOverload, which Dynamo knows)
+_QKV_FRONT_CALL = torch.ops.muse.qkv_front.default._op
+_ATTN2_CALL = torch.ops.muse.attn2.default._op
+_STEP_READY = torch.ops.muse._shims_step_ready.default._op if CPP else None
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -230,8 +233,11 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, backend: str | None = None) -> torch.Tensor:
     """y [M, 1152*Hkv] = q' | k' | v | gate of x [M, 8192] (docs/DESIGN.md section 4); writes the
     new keys and values into kv_cache [pages, Hkv, 16, 128] at slots (slot < 0: no insert)."""
-    if CPP and kv_cache.is_cuda:   # the C++ op checks and launches (or hands the call back to Python)
-        return _QKV_FRONT_OP(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
+    if CPP and kv_cache.is_cuda and not torch.compiler.is_compiling():
+        # the C++ op checks and launches (or hands the call back to Python)
+        if backend is None:   # (a keyword costs the dispatcher's argument parser ~0.5 us)
+            return _QKV_FRONT_CALL(x, weight, positions, slots, cos_sin, kv_cache)
+        return _QKV_FRONT_CALL(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
     if _plain_eager(x, weight, positions, slots, cos_sin, kv_cache):
         return _qkv_front_impl(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
     return torch.ops.muse.qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
@@ -241,9 +247,9 @@ def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: 
           workspace: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
     """out [q_len*R, 512*Hkv] = sigmoid(gate) * rmsnorm(paged causal attention of y's q rows)
     (docs/DESIGN.md section 5); y is qkv_front's output for the block."""
-    if CPP and kv_cache.is_cuda:
-        return _ATTN2_OP(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window, scale=scale,
-                         max_seq_len=max_seq_len, backend=backend)
+    if CPP and kv_cache.is_cuda and not torch.compiler.is_compiling():
+        return _ATTN2_CALL(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window, scale=scale,
+                           max_seq_len=max_seq_len, backend=backend)
     if _plain_eager(y, kv_cache, page_table, seq_lens, workspace):
         if workspace is None:
             workspace = attn2_workspace(y.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)
@@ -297,6 +303,16 @@ def check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_l
     if contents_checked(attn, dev):
         check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len)
     return front, attn
+
+
+def step_ready(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
+               window: int, scale: float, max_seq_len: int, backend: str | None = None) -> bool:
+    """Whether both ops of this layer step will launch from C++ (the C++ ops' own checks, a few
+    microseconds): then the step needs no other check. False where the C++ ops are absent."""
+    if not CPP or not kv_cache.is_cuda:
+        return False
+    return _STEP_READY(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len=q_len,
+                       window=window, scale=scale, max_seq_len=max_seq_len, backend=backend)
 
 
 def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,

@@ -212,7 +212,12 @@ def test_gpu_shims_cpp_example_runs_a_verify_step(tmp_path):
         pytest.skip("the example loads an ahead-of-time library ($MUSE_OPS_AOT_LIBRARY)")
     exe = _example_build(tmp_path)
     dump = tmp_path / "step.pt"
-    run = subprocess.run([str(exe), shims.status().split(" ")[0], library, str(dump)], capture_output=True, text=True)
+    import tvm_ffi
+    # the library's kernels call TVM-FFI's C API: a C++ deployment puts libtvm_ffi.so on the loader's path
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent}:"
+           f"{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    run = subprocess.run([str(exe), shims.status().split(" ")[0], library, str(dump)], capture_output=True, text=True,
+                         env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "launched from C++: qkv_front 1 attn2 1" in run.stdout, run.stdout
     step = torch.load(dump)

@@ -101,3 +101,12 @@ def test_without_shims_python_defines_the_ops():
 def test_a_named_shims_library_that_does_not_load_is_an_error():
     run = _python("import muse_ops", MUSE_OPS_SHIMS="/nonexistent/libmuse_shims.so")
     assert run.returncode != 0 and "MUSE_OPS_SHIMS=/nonexistent/libmuse_shims.so" in run.stderr, run.stderr
+
+
+def test_a_library_from_other_sources_is_not_loaded(tmp_path):
+    """A library without this package's interface marker (an older build) is refused before it
+    is loaded: named by $MUSE_OPS_SHIMS it is an error saying how to rebuild."""
+    stale = tmp_path / "libmuse_shims.so"
+    stale.write_bytes(b"\x7fELF not the shims")
+    run = _python("import muse_ops", MUSE_OPS_SHIMS=str(stale))
+    assert run.returncode != 0 and "built from other sources" in run.stderr and "shims build" in run.stderr, run.stderr

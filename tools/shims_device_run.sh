@@ -5,10 +5,8 @@
 set -uo pipefail
 . tools/aot_device_env.sh
 mkdir -p /tmp/shims
-if [ ! -f /tmp/shims/libmuse_shims.so ]; then
-  MUSE_OPS_SHIMS=0 python3 -m muse_ops.cutedsl.shims build --output /tmp/shims/libmuse_shims.so > "$OUT/build.log" 2>&1 \
-    || { tail -30 "$OUT/build.log"; exit 1; }
-fi
+MUSE_OPS_SHIMS=0 python3 -m muse_ops.cutedsl.shims build --output /tmp/shims/libmuse_shims.so > "$OUT/build.log" 2>&1 \
+  || { tail -30 "$OUT/build.log"; exit 1; }
 export MUSE_OPS_SHIMS=/tmp/shims/libmuse_shims.so
 python3 -c "import muse_ops; from muse_ops.cutedsl import shims, aot; print('shims:', shims.status()); print('aot:', aot.status())"
 PART=${PART:-all}

@@ -14,7 +14,7 @@ Where the library comes from (MUSE_OPS_SHIMS):
   unset      muse_ops/_shims*.so or muse_ops/libmuse_shims.so if one was built, else none
   0 / off    never load it (the pure-Python ops)
   PATH       this library (an error if it does not load)
-Build it with `python -m muse_ops.cutedsl.shims build` (g++ against the installed torch, into
+Build it with `MUSE_OPS_SHIMS=0 python -m muse_ops.cutedsl.shims build` (g++ against the installed torch, into
 muse_ops/libmuse_shims.so) or `MUSE_OPS_BUILD_SHIMS=1 pip install --no-build-isolation -e .`
 (torch's CppExtension). It needs torch's headers and apache-tvm-ffi's C headers, no CUDA toolkit,
 and must be built against the torch it runs with. A library that fails to load is reported
@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 ENV = "MUSE_OPS_SHIMS"
+ABI = 1     # muse_shims_abi in csrc_shims/muse_shims.cpp
 LIBRARY_NAME = "libmuse_shims.so"
 SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -59,16 +60,21 @@ def load() -> bool:
     path = _find()
     if path is None:
         _state["why"] = (f"disabled (${ENV}={os.environ.get(ENV)})" if os.environ.get(ENV, "").strip()
-                         else "no C++ library built (python -m muse_ops.cutedsl.shims build)")
+                         else "no C++ library built (MUSE_OPS_SHIMS=0 python -m muse_ops.cutedsl.shims build)")
         return False
+    named = bool(os.environ.get(ENV, "").strip())
     try:
+        marker = f"muse_shims_abi={ABI};".encode()
+        if marker not in path.read_bytes():
+            raise RuntimeError(f"built from other sources (no {marker.decode()} marker): rebuild it with "
+                               f"`MUSE_OPS_SHIMS=0 python -m muse_ops.cutedsl.shims build`")
         torch.ops.load_library(str(path))
         from . import attn2_plan, qkv_front_plan
         torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
                                         attn2_plan.WIDE_MAX_PAIRS_WINDOW, "")
     except Exception as exc:  # noqa: BLE001  (reported, and the Python ops serve)
         _state["why"] = f"{path} failed to load ({type(exc).__name__}: {exc})"
-        if os.environ.get(ENV, "").strip():
+        if named:
             raise RuntimeError(f"${ENV}={path}: {_state['why']}") from exc
         log.warning("muse_ops: the C++ ops are not used: %s", _state["why"])
         return False
@@ -152,12 +158,15 @@ def last_was_cpp(op: str) -> bool:
 
 
 def stats() -> dict:
-    """Calls served by the C++ path ("cpp") and handed to Python ("python") per op, and the
-    variants registered ("qkv_front variants", "attn2 deployments")."""
+    """Calls served by the C++ path ("cpp") and handed to Python ("python") per op, the C++ path's
+    mean host time per call ("cpp_us": the whole C++ kernel; "launch_us": its kernel call), and
+    the variants registered ("qkv_front variants", "attn2 deployments")."""
     if not loaded():
         return {}
     s = torch.ops.muse._shims_stats()
-    return {"qkv_front": {"cpp": s[0], "python": s[1]}, "attn2": {"cpp": s[2], "python": s[3]},
+    per_call = lambda ns, n: round(ns / n / 1e3, 2) if n else None   # noqa: E731
+    return {"qkv_front": {"cpp": s[0], "python": s[1], "cpp_us": per_call(s[8], s[0]), "launch_us": per_call(s[10], s[0])},
+            "attn2": {"cpp": s[2], "python": s[3], "cpp_us": per_call(s[9], s[2]), "launch_us": per_call(s[11], s[2])},
             "qkv_front variants": s[6], "attn2 deployments": s[7]}
 
 
