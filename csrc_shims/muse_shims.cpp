@@ -28,6 +28,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -471,6 +472,7 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
   FrontPlan p;
   if (const char* why = plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, p))
     return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
+  c10::DeviceGuard on_device(kv_cache.device());   // the output and the launch: the inputs' device
   at::Tensor y = at::empty({p.m, p.n}, x.options());
   Args args;
   args.device = kv_cache.device().index();
@@ -500,6 +502,7 @@ at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at:
                                    backend, p))
     return attn2_python(why, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                         backend);
+  c10::DeviceGuard on_device(kv_cache.device());
   at::Tensor out = at::empty({y.size(0), kGroup * p.kv_heads * kHeadDim}, y.options());
   Args args;
   args.device = kv_cache.device().index();

@@ -220,7 +220,7 @@ def test_gpu_shims_cpp_example_runs_a_verify_step(tmp_path):
                          env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "launched from C++: qkv_front 1 attn2 1" in run.stdout, run.stdout
-    step = torch.load(dump)
+    step = torch.load(dump, weights_only=False)   # written by the example above
     x, w = step["x"].cuda(), step["weight"].cuda()
     positions, page_table, seq_lens = step["positions"].cuda(), step["page_table"].cuda(), step["seq_lens"].cuda()
     kv_heads = step["cache_before"].shape[1]

@@ -165,8 +165,10 @@ def stats() -> dict:
         return {}
     s = torch.ops.muse._shims_stats()
     per_call = lambda ns, n: round(ns / n / 1e3, 2) if n else None   # noqa: E731
-    return {"qkv_front": {"cpp": s[0], "python": s[1], "cpp_us": per_call(s[8], s[0]), "launch_us": per_call(s[10], s[0])},
-            "attn2": {"cpp": s[2], "python": s[3], "cpp_us": per_call(s[9], s[2]), "launch_us": per_call(s[11], s[2])},
+    return {"qkv_front": {"cpp": s[0], "python": s[1], "cpp_us": per_call(s[8], s[0]), "launch_us": per_call(s[10], s[0]),
+                          "cpp_ns": s[8], "launch_ns": s[10]},
+            "attn2": {"cpp": s[2], "python": s[3], "cpp_us": per_call(s[9], s[2]), "launch_us": per_call(s[11], s[2]),
+                      "cpp_ns": s[9], "launch_ns": s[11]},
             "qkv_front variants": s[6], "attn2 deployments": s[7]}
 
 
