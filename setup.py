@@ -2,10 +2,31 @@
 pip install -e .[cuda]      + nvidia-cutlass-dsl and apache-tvm-ffi for the CuTe DSL kernels (sm_90)
 pip install -e .[test]      + what the test suite needs (pytest, hypothesis, triton for the stock-path tests)
 pip install -e .[bench]     + pytest-benchmark (peers such as flash-attn-4 are optional)
+
+The C++ ops (csrc_shims/: the public ops' CUDA kernels in C++, a few microseconds of host time a
+call) are built where a C++ compiler, torch and apache-tvm-ffi are installed, either with
+    python -m muse_ops build-shims                        (after any of the installs above), or
+    MUSE_OPS_BUILD_SHIMS=1 pip install --no-build-isolation -e ".[cuda]"   (torch's CppExtension)
+Without them everything works; the ops' host path is then Python (docs/DESIGN.md section 16).
 """
+import os
 from pathlib import Path
 
 from setuptools import find_packages, setup
+
+
+def _shims_extension() -> dict:
+    """MUSE_OPS_BUILD_SHIMS=1: build csrc_shims/muse_shims.cpp as muse_ops/_shims*.so with torch's
+    CppExtension (no Python binding: the package loads it with torch.ops.load_library, so it does
+    not link libtorch_python and a C++ program can load it too)."""
+    if os.environ.get("MUSE_OPS_BUILD_SHIMS") != "1":
+        return {}
+    import tvm_ffi
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    ext = CppExtension("muse_ops._shims", ["csrc_shims/muse_shims.cpp"], py_limited_api=True,
+                       include_dirs=[tvm_ffi.libinfo.find_include_path()], extra_compile_args=["-O2", "-std=c++20"])
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension}}
+
 
 setup(
     name="muse_ops",
@@ -44,4 +65,5 @@ setup(
         "test": ["pytest>=8", "hypothesis>=6.100", "triton>=3.2; platform_system == 'Linux'"],
         "bench": ["pytest-benchmark>=4"],
     },
+    **_shims_extension(),
 )

@@ -1,12 +1,13 @@
-"""python -m muse_ops {demo,bench} [options]"""
+"""python -m muse_ops {demo,bench,build-shims} [options]"""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-USAGE = """usage: python -m muse_ops {demo,bench} [options]
-  demo    a few speculative-verify steps of a TP8-sized layer, checked against float64
-  bench   the side-by-side benchmark table (needs the source checkout: bench/ is not installed)
+USAGE = """usage: python -m muse_ops {demo,bench,build-shims} [options]
+  demo         a few speculative-verify steps of a TP8-sized layer, checked against float64
+  bench        the side-by-side benchmark table (needs the source checkout: bench/ is not installed)
+  build-shims  compile the C++ ops (csrc_shims/) against the installed torch, into the package
 'python -m muse_ops demo --help' and 'python -m muse_ops bench --help' list the options."""
 
 
@@ -26,6 +27,9 @@ def main(argv: list[str]) -> int:
         if cmd == "demo":
             from .demo import main as demo_main
             return demo_main(rest, bench_root=_checkout_root())
+        if cmd == "build-shims":
+            from .cutedsl.shims import main as shims_main
+            return shims_main(["build", *rest])
         if cmd == "bench":
             root = _checkout_root()
             if root is None:

@@ -109,4 +109,4 @@ def test_a_library_from_other_sources_is_not_loaded(tmp_path):
     stale = tmp_path / "libmuse_shims.so"
     stale.write_bytes(b"\x7fELF not the shims")
     run = _python("import muse_ops", MUSE_OPS_SHIMS=str(stale))
-    assert run.returncode != 0 and "built from other sources" in run.stderr and "shims build" in run.stderr, run.stderr
+    assert run.returncode != 0 and "built from other sources" in run.stderr and "build-shims" in run.stderr, run.stderr

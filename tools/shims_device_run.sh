@@ -2,10 +2,11 @@
 # On the GPU machine, DSL-free: the ahead-of-time library (tools/aot_device_env.sh), the C++ ops
 # built there against its torch, then PART = shims (their GPU tests), host (bench/host.py), gpu
 # (the whole GPU suite through them), or all. Logs and JSON under $OUT.
+# MODE=dsl: the CuTe DSL bundle instead (.device/prelude.sh, tools/device_env.sh: carry .device).
 set -uo pipefail
-. tools/aot_device_env.sh
+if [ "${MODE:-aot}" = dsl ]; then . .device/prelude.sh && . tools/device_env.sh; else . tools/aot_device_env.sh; fi
 mkdir -p /tmp/shims
-MUSE_OPS_SHIMS=0 python3 -m muse_ops.cutedsl.shims build --output /tmp/shims/libmuse_shims.so > "$OUT/build.log" 2>&1 \
+MUSE_OPS_SHIMS=0 python3 -m muse_ops build-shims --output /tmp/shims/libmuse_shims.so > "$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; exit 1; }
 export MUSE_OPS_SHIMS=/tmp/shims/libmuse_shims.so
 python3 -c "import muse_ops; from muse_ops.cutedsl import shims, aot; print('shims:', shims.status()); print('aot:', aot.status())"

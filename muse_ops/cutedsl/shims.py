@@ -14,7 +14,7 @@ Where the library comes from (MUSE_OPS_SHIMS):
   unset      muse_ops/_shims*.so or muse_ops/libmuse_shims.so if one was built, else none
   0 / off    never load it (the pure-Python ops)
   PATH       this library (an error if it does not load)
-Build it with `MUSE_OPS_SHIMS=0 python -m muse_ops.cutedsl.shims build` (g++ against the installed torch, into
+Build it with `python -m muse_ops build-shims` (g++ against the installed torch, into
 muse_ops/libmuse_shims.so) or `MUSE_OPS_BUILD_SHIMS=1 pip install --no-build-isolation -e .`
 (torch's CppExtension). It needs torch's headers and apache-tvm-ffi's C headers, no CUDA toolkit,
 and must be built against the torch it runs with. A library that fails to load is reported
@@ -60,14 +60,14 @@ def load() -> bool:
     path = _find()
     if path is None:
         _state["why"] = (f"disabled (${ENV}={os.environ.get(ENV)})" if os.environ.get(ENV, "").strip()
-                         else "no C++ library built (MUSE_OPS_SHIMS=0 python -m muse_ops.cutedsl.shims build)")
+                         else "no C++ library built (python -m muse_ops build-shims)")
         return False
     named = bool(os.environ.get(ENV, "").strip())
     try:
         marker = f"muse_shims_abi={ABI};".encode()
         if marker not in path.read_bytes():
             raise RuntimeError(f"built from other sources (no {marker.decode()} marker): rebuild it with "
-                               f"`MUSE_OPS_SHIMS=0 python -m muse_ops.cutedsl.shims build`")
+                               "`python -m muse_ops build-shims`")
         torch.ops.load_library(str(path))
         from . import attn2_plan, qkv_front_plan
         torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
@@ -200,7 +200,9 @@ def build(output: Path | None = None) -> Path:
     where `load` finds it)."""
     output = Path(output) if output else PACKAGE_DIR / LIBRARY_NAME
     output.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(build_command(output), check=True)
+    partial = output.with_name(output.name + ".partial")
+    subprocess.run(build_command(partial), check=True)
+    os.replace(partial, output)    # never rewrite in place a library this process may have loaded
     return output
 
 
