@@ -248,6 +248,9 @@ def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: 
     """out [q_len*R, 512*Hkv] = sigmoid(gate) * rmsnorm(paged causal attention of y's q rows)
     (docs/DESIGN.md section 5); y is qkv_front's output for the block."""
     if CPP and kv_cache.is_cuda and not torch.compiler.is_compiling():
+        if backend is None:
+            return _ATTN2_CALL(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window,
+                               scale=scale, max_seq_len=max_seq_len)
         return _ATTN2_CALL(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window, scale=scale,
                            max_seq_len=max_seq_len, backend=backend)
     if _plain_eager(y, kv_cache, page_table, seq_lens, workspace):
