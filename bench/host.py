@@ -120,7 +120,8 @@ def measure() -> list[dict]:
                     n = after.get("cpp", 0) - before.get("cpp", 0)
                     if n and name.startswith(("torch.ops", "muse_ops")):   # the C++ body's share of it
                         row["cpp_us"] = (after["cpp_ns"] - before["cpp_ns"]) / n / 1e3
-                        row["launch_us"] = (after["launch_ns"] - before["launch_ns"]) / n / 1e3
+                        for part in ("launch", "plan", "alloc"):
+                            row[f"{part}_us"] = (after[f"{part}_ns"] - before[f"{part}_ns"]) / n / 1e3
                     row["single_us"] = one_at_a_time_us(fn)
                     rows.append(row)
         cfg = muse_ops.DeploymentConfig.full(kv_heads=KV_HEADS, max_seq_len=16384, max_batch=128)
@@ -142,10 +143,12 @@ def measure() -> list[dict]:
 
 def table(rows) -> str:
     lines = ["| op | B | L | path | us / call, back to back | us, one call after a sync | in the C++ kernel "
-             "(back to back) | of which its launch |", "|---|---|---|---|---|---|---|---|"]
+             "(back to back) | its checks and plan | guard and allocation | launch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v: f"{v:.1f}" if v is not None else ""   # noqa: E731
     lines += [f"| {r['op']} | {r['B']} | {r['L']} | {r['path']} | {r['host_us']:.1f} | {fmt(r.get('single_us'))} | "
-              f"{fmt(r.get('cpp_us'))} | {fmt(r.get('launch_us'))} |" for r in rows]
+              f"{fmt(r.get('cpp_us'))} | {fmt(r.get('plan_us'))} | {fmt(r.get('alloc_us'))} | "
+              f"{fmt(r.get('launch_us'))} |" for r in rows]
     return "\n".join(lines)
 
 

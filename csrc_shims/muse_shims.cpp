@@ -59,7 +59,7 @@
 // The interface version muse_ops/cutedsl/shims.py expects: it reads this marker from the file
 // before loading it, so a library built from older sources is never loaded (bump on any change of
 // the ops below or of what Python calls).
-extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=1;";
+extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=2;";
 
 namespace muse_shims {
 namespace {
@@ -143,6 +143,8 @@ struct State {
   // host time of the fast path (the C++ kernel's whole body, and its kernel call alone), in ns
   std::atomic<int64_t> fast_ns[2] = {0, 0};
   std::atomic<int64_t> launch_ns[2] = {0, 0};
+  std::atomic<int64_t> plan_ns[2] = {0, 0};   // the checks and the variant lookup
+  std::atomic<int64_t> alloc_ns[2] = {0, 0};  // the device guard and the output's allocation
 };
 
 int64_t now_ns() {
@@ -472,8 +474,12 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
   FrontPlan p;
   if (const char* why = plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, p))
     return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
+  const int64_t t1 = now_ns();
   c10::DeviceGuard on_device(kv_cache.device());   // the output and the launch: the inputs' device
   at::Tensor y = at::empty({p.m, p.n}, x.options());
+  State& s = state();
+  s.plan_ns[kQkvFront].fetch_add(t1 - t0, std::memory_order_relaxed);
+  s.alloc_ns[kQkvFront].fetch_add(now_ns() - t1, std::memory_order_relaxed);
   Args args;
   args.device = kv_cache.device().index();
   args.tensor(x);
@@ -486,7 +492,6 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
   args.tensor(p.device->error_flag);
   args.integer(k_split(p.kv_heads));
   call(p.kernel, args, "qkv_front", kQkvFront);
-  State& s = state();
   s.fast[kQkvFront].fetch_add(1, std::memory_order_relaxed);
   s.fast_ns[kQkvFront].fetch_add(now_ns() - t0, std::memory_order_relaxed);
   s.last_fast[kQkvFront].store(true, std::memory_order_relaxed);
@@ -502,8 +507,12 @@ at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at:
                                    backend, p))
     return attn2_python(why, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                         backend);
+  const int64_t t1 = now_ns();
   c10::DeviceGuard on_device(kv_cache.device());
   at::Tensor out = at::empty({y.size(0), kGroup * p.kv_heads * kHeadDim}, y.options());
+  State& s = state();
+  s.plan_ns[kAttn2].fetch_add(t1 - t0, std::memory_order_relaxed);
+  s.alloc_ns[kAttn2].fetch_add(now_ns() - t1, std::memory_order_relaxed);
   Args args;
   args.device = kv_cache.device().index();
   args.tensor(y);
@@ -517,7 +526,6 @@ at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at:
   args.integer(max_seq_len);
   args.integer(p.device->sm_count);   // attn2_plan.wave_ctas
   call(p.entry.kernel, args, "attn2", kAttn2);
-  State& s = state();
   s.fast[kAttn2].fetch_add(1, std::memory_order_relaxed);
   s.fast_ns[kAttn2].fetch_add(now_ns() - t0, std::memory_order_relaxed);
   s.last_fast[kAttn2].store(true, std::memory_order_relaxed);
@@ -669,7 +677,8 @@ std::vector<int64_t> stats() {
         for (auto& k : b) qkv += k.call != nullptr;
   return {s.fast[0].load(), s.slow[0].load(), s.fast[1].load(), s.slow[1].load(), s.last_fast[0].load(),
           s.last_fast[1].load(), qkv, static_cast<int64_t>(s.attn2.size()), s.fast_ns[0].load(),
-          s.fast_ns[1].load(), s.launch_ns[0].load(), s.launch_ns[1].load()};
+          s.fast_ns[1].load(), s.launch_ns[0].load(), s.launch_ns[1].load(), s.plan_ns[0].load(),
+          s.plan_ns[1].load(), s.alloc_ns[0].load(), s.alloc_ns[1].load()};
 }
 
 int64_t plan(std::string what, std::vector<int64_t> a) {   // the formulas, for the tests

@@ -34,6 +34,14 @@ class MuseDeviceError(RuntimeError):
 
 _flags: dict[torch.device, torch.Tensor] = {}
 _lock = threading.Lock()
+_flag_source = None   # where the C++ ops are loaded: their flag of a device (set_flag_source)
+
+
+def set_flag_source(source) -> None:
+    """`source(device) -> flag tensor or None`: the flags to share with another launcher (ops.py
+    passes the C++ ops' own, so both host paths' kernels write one flag per device)."""
+    global _flag_source
+    _flag_source = source
 
 
 def error_flag(device: torch.device) -> torch.Tensor:
@@ -43,9 +51,8 @@ def error_flag(device: torch.device) -> torch.Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     with _lock:
         flag = _flags.get(device)
-        if flag is None and device.type == "cuda":
-            from .cutedsl import shims
-            flag = shims.error_flag(device)   # the C++ ops' kernels write theirs: share it
+        if flag is None and device.type == "cuda" and _flag_source is not None:
+            flag = _flag_source(device)   # the C++ ops' kernels write theirs: share it
             if flag is not None:
                 _flags[device] = flag
         if flag is None:

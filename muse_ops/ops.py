@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch
 from . import backends
 from .cutedsl import shims
 from .config import GROUP, HEAD_DIM, DeploymentConfig
-from .errors import MuseInputError, error_flag
+from .errors import MuseInputError, error_flag, set_flag_source
 from .meta import attn2_fake, qkv_front_fake
 from .reference import attn2_ref, qkv_front_ref
 from .validation import (check_attn2_contents, check_attn2_metadata, check_qkv_front_contents,
@@ -173,6 +173,8 @@ _COMPOSITES = {"qkv_front": _qkv_front_composite, "attn2": _attn2_composite}
 # The C++ ops (csrc_shims/, muse_ops/cutedsl/shims.py), where built: they define the public schemas
 # and their CUDA kernels; Python then registers the rest of each op (below).
 CPP = shims.load()
+if CPP:
+    set_flag_source(shims.error_flag)
 if not CPP:
     for _name, _composite in _COMPOSITES.items():
         _LIB.define(SCHEMAS[_name])

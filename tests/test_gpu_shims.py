@@ -230,3 +230,20 @@ def test_gpu_shims_cpp_example_runs_a_verify_step(tmp_path):
                     scale=DEFAULT_SCALE)
     assert_layer_close(step["out"].cuda(), ref, "out (C++ example)")
     print(run.stdout, file=sys.stderr)
+
+
+def test_gpu_shims_opcheck_on_the_cpp_kernels():
+    """torch.library.opcheck of both public ops on CUDA, where their kernels are C++: schema,
+    fake against real, and AOT dispatch with dynamic shapes."""
+    x, w, positions, slots, cos_sin, cache = _front_case(16, 2, True, torch.int64, seed=11)
+    with torch.inference_mode():
+        torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache.clone())
+    torch.library.opcheck(torch.ops.muse.qkv_front.default, (x, w, positions, slots, cos_sin, cache))
+    y, kv, b = attn2_inputs([100, 700], 8, 2, torch.Generator().manual_seed(12), device="cuda")
+    kv = torch.nan_to_num(kv)    # opcheck compares outputs
+    ws = muse_ops.attn2_workspace("cuda", 8, 2, 8, 0, 4096)
+    kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=4096)
+    cpp0 = _counts("attn2")[0]
+    torch.library.opcheck(torch.ops.muse.attn2.default, (y, kv, b.page_table.cuda(), b.seq_lens.cuda(), ws),
+                          kw)
+    assert _counts("attn2")[0] > cpp0, "opcheck never reached the C++ kernel"

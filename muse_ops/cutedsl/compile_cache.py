@@ -44,17 +44,20 @@ stats = {"aot": 0, "compiled": 0, "loaded": 0, "memory": 0}   # how each lookup 
 
 
 # The files that decide a variant's generated code: the kernels, their plans (the configs), the
-# PTX helpers, the compile options, and the model constants and error bits they import. The host path (launch, the caches, aot, shims) is not
-# among them, so a change there leaves caches and libraries valid.
+# PTX helpers, the compile options and the model constants, and the error bits the kernels write
+# (their values, not errors.py: that file is host code too). The host path (launch, the caches,
+# aot, shims) is not among them, so a change there leaves caches and libraries valid.
 KERNEL_SOURCES = ("attn2.py", "attn2_plan.py", "ptx.py", "qkv_front.py", "qkv_front_plan.py", "runtime.py",
-                  "../config.py", "../errors.py")
+                  "../config.py")
 
 
 def _hash_sources(h) -> None:
+    from .. import errors
     root = Path(__file__).resolve().parent
     for name in KERNEL_SOURCES:
         h.update(name.encode())
         h.update((root / name).read_bytes())
+    h.update(repr((errors.BAD_SEQ_LEN, errors.BAD_PAGE, errors.BAD_SLOT, errors.BAD_POSITION)).encode())
 
 
 @functools.lru_cache(maxsize=1)

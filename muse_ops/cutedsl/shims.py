@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 ENV = "MUSE_OPS_SHIMS"
-ABI = 1     # muse_shims_abi in csrc_shims/muse_shims.cpp
+ABI = 2     # muse_shims_abi in csrc_shims/muse_shims.cpp
 LIBRARY_NAME = "libmuse_shims.so"
 SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -166,9 +166,9 @@ def stats() -> dict:
     s = torch.ops.muse._shims_stats()
     per_call = lambda ns, n: round(ns / n / 1e3, 2) if n else None   # noqa: E731
     return {"qkv_front": {"cpp": s[0], "python": s[1], "cpp_us": per_call(s[8], s[0]), "launch_us": per_call(s[10], s[0]),
-                          "cpp_ns": s[8], "launch_ns": s[10]},
+                          "cpp_ns": s[8], "launch_ns": s[10], "plan_ns": s[12], "alloc_ns": s[14]},
             "attn2": {"cpp": s[2], "python": s[3], "cpp_us": per_call(s[9], s[2]), "launch_us": per_call(s[11], s[2]),
-                      "cpp_ns": s[9], "launch_ns": s[11]},
+                      "cpp_ns": s[9], "launch_ns": s[11], "plan_ns": s[13], "alloc_ns": s[15]},
             "qkv_front variants": s[6], "attn2 deployments": s[7]}
 
 
