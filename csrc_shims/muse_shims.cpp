@@ -467,19 +467,33 @@ const char* plan_attn2(const at::Tensor* y, const at::Tensor& kv_cache, const at
   return nullptr;
 }
 
+// The host-time accounting of one fast call: t0 entry, t1 after the plan, t2 after the allocation.
+struct FastCallClock {
+  int op;
+  int64_t t0 = now_ns(), t1 = 0, t2 = 0;
+  void planned() { t1 = now_ns(); }
+  void allocated() { t2 = now_ns(); }
+  void launched() {
+    State& s = state();
+    s.plan_ns[op].fetch_add(t1 - t0, std::memory_order_relaxed);
+    s.alloc_ns[op].fetch_add(t2 - t1, std::memory_order_relaxed);
+    s.fast[op].fetch_add(1, std::memory_order_relaxed);
+    s.fast_ns[op].fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    s.last_fast[op].store(true, std::memory_order_relaxed);
+  }
+};
+
 at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
                           const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, at::Tensor& kv_cache,
                           std::optional<c10::string_view> backend) {
-  const int64_t t0 = now_ns();
+  FastCallClock clock{kQkvFront};
   FrontPlan p;
   if (const char* why = plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, p))
     return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
-  const int64_t t1 = now_ns();
+  clock.planned();
   c10::DeviceGuard on_device(kv_cache.device());   // the output and the launch: the inputs' device
   at::Tensor y = at::empty({p.m, p.n}, x.options());
-  State& s = state();
-  s.plan_ns[kQkvFront].fetch_add(t1 - t0, std::memory_order_relaxed);
-  s.alloc_ns[kQkvFront].fetch_add(now_ns() - t1, std::memory_order_relaxed);
+  clock.allocated();
   Args args;
   args.device = kv_cache.device().index();
   args.tensor(x);
@@ -492,27 +506,23 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
   args.tensor(p.device->error_flag);
   args.integer(k_split(p.kv_heads));
   call(p.kernel, args, "qkv_front", kQkvFront);
-  s.fast[kQkvFront].fetch_add(1, std::memory_order_relaxed);
-  s.fast_ns[kQkvFront].fetch_add(now_ns() - t0, std::memory_order_relaxed);
-  s.last_fast[kQkvFront].store(true, std::memory_order_relaxed);
+  clock.launched();
   return y;
 }
 
 at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at::Tensor& page_table,
                       const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len,
                       int64_t window, double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
-  const int64_t t0 = now_ns();
+  FastCallClock clock{kAttn2};
   AttnPlan p;
   if (const char* why = plan_attn2(&y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                                    backend, p))
     return attn2_python(why, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                         backend);
-  const int64_t t1 = now_ns();
+  clock.planned();
   c10::DeviceGuard on_device(kv_cache.device());
   at::Tensor out = at::empty({y.size(0), kGroup * p.kv_heads * kHeadDim}, y.options());
-  State& s = state();
-  s.plan_ns[kAttn2].fetch_add(t1 - t0, std::memory_order_relaxed);
-  s.alloc_ns[kAttn2].fetch_add(now_ns() - t1, std::memory_order_relaxed);
+  clock.allocated();
   Args args;
   args.device = kv_cache.device().index();
   args.tensor(y);
@@ -526,9 +536,7 @@ at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at:
   args.integer(max_seq_len);
   args.integer(p.device->sm_count);   // attn2_plan.wave_ctas
   call(p.entry.kernel, args, "attn2", kAttn2);
-  s.fast[kAttn2].fetch_add(1, std::memory_order_relaxed);
-  s.fast_ns[kAttn2].fetch_add(now_ns() - t0, std::memory_order_relaxed);
-  s.last_fast[kAttn2].store(true, std::memory_order_relaxed);
+  clock.launched();
   return out;
 }
 
