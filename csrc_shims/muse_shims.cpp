@@ -25,6 +25,7 @@
 // device attributes from the driver (libcuda.so.1), so the file builds wherever torch does.
 #include <torch/library.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -121,6 +122,7 @@ struct Device {
   bool supported = false;
   int64_t sm_count = 0;
   std::string why;
+  c10::Allocator* allocator = nullptr;   // the one at::empty uses on this device (outputs skip the dispatcher)
   at::Tensor error_flag;   // int32 [1]: the kernels OR their error bits in (muse_ops/errors.py)
   at::Tensor dummy;        // float32 [1, 64]: stands in for an absent cos_sin
 };
@@ -183,8 +185,16 @@ Device& device_state(int index) {
     auto options = at::TensorOptions().device(device);
     d.error_flag = at::zeros({1}, options.dtype(at::kInt));
     d.dummy = at::zeros({1, kHeadDim}, options.dtype(at::kFloat));
+    d.allocator = d.dummy.storage().allocator();   // torch's CUDA allocator, whichever backend it runs
   });
   return d;
+}
+
+// A fresh contiguous output on `device`, as at::empty makes it (the same allocator, under the
+// caller's device guard) without its two dispatcher hops.
+at::Tensor new_output(const Device& device, std::initializer_list<int64_t> sizes, at::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, device.allocator, c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype,
+                                   std::nullopt);
 }
 
 // ------------------------------------------------------------------------- the kernel call
@@ -492,7 +502,7 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
     return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
   clock.planned();
   c10::DeviceGuard on_device(kv_cache.device());   // the output and the launch: the inputs' device
-  at::Tensor y = at::empty({p.m, p.n}, x.options());
+  at::Tensor y = new_output(*p.device, {p.m, p.n}, at::kBFloat16);
   clock.allocated();
   Args args;
   args.device = kv_cache.device().index();
@@ -521,7 +531,7 @@ at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at:
                         backend);
   clock.planned();
   c10::DeviceGuard on_device(kv_cache.device());
-  at::Tensor out = at::empty({y.size(0), kGroup * p.kv_heads * kHeadDim}, y.options());
+  at::Tensor out = new_output(*p.device, {y.size(0), kGroup * p.kv_heads * kHeadDim}, at::kBFloat16);
   clock.allocated();
   Args args;
   args.device = kv_cache.device().index();
