@@ -1,6 +1,8 @@
 """The two ops of the package, `muse::qkv_front` and `muse::attn2`: schemas, checks, dispatch.
 
-This is the only file that spells "muse::". Each public op is defined by its schema string
+This is the only Python file that defines or registers muse:: ops (where the C++ ops of csrc_shims/
+are built, they define the public schemas and CUDA kernels, and this file registers the rest:
+see the registration block below and docs/DESIGN.md section 16). Each public op is defined by its schema string
 (SCHEMAS) and implemented as a composite of one internal op (`muse::_qkv_front`,
 `muse::_attn2`, registered with torch.library.custom_op, whose fakes live in `meta/`):
 
