@@ -14,6 +14,8 @@ checks on. Paths:
   layer eager         MuseAttentionDecode.forward in eager mode (the step checked once in Python,
                       then both C++ ops)
   layer compiled      torch.compile(layer) in the default mode (Inductor, no CUDA graphs)
+  compiled floor      the same for a module of the layer's state and inputs that writes one input
+                      in place and returns one output with two trivial kernels: torch.compile's own cost
 """
 from __future__ import annotations
 
@@ -62,6 +64,19 @@ def host_us(fn, calls: int = CALLS, repeats: int = 7) -> float:
         samples.append((time.perf_counter_ns() - t0) / calls / 1e3)
         torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+class _CompileFloor(torch.nn.Module):
+    """torch.compile's own per-call cost for a step of the layer's shape: the same module state
+    and inputs, one input written in place, one output, and no muse op (two trivial kernels)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, positions, slots, kv_cache, page_table, seq_lens):
+        kv_cache[0, 0, 0, :8].copy_(x[0, :8])
+        return x[:, :1024] * 2
 
 
 def _inputs(batch: int, length: int):
@@ -135,6 +150,11 @@ def measure() -> list[dict]:
             compiled = torch.compile(layer)
             for _ in range(3):
                 compiled(*args)
+            floor = torch.compile(_CompileFloor(layer))
+            for _ in range(3):
+                floor(*args)
+            rows.append({"op": "layer", "B": batch, "L": length, "path": "compiled floor (default mode)",
+                         "host_us": host_us(lambda: floor(*args)), "single_us": one_at_a_time_us(lambda: floor(*args))})
             rows.append({"op": "layer", "B": batch, "L": length, "path": "layer compiled (default mode)",
                          "host_us": host_us(lambda: compiled(*args)),
                          "single_us": one_at_a_time_us(lambda: compiled(*args))})
