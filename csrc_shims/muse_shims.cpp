@@ -60,7 +60,7 @@
 // The interface version muse_ops/cutedsl/shims.py expects: it reads this marker from the file
 // before loading it, so a library built from older sources is never loaded (bump on any change of
 // the ops below or of what Python calls).
-extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=3;";
+extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=2;";
 
 namespace muse_shims {
 namespace {
@@ -735,10 +735,6 @@ TORCH_LIBRARY(muse, m) {
   m.def("_shims_note_python(int op) -> ()",
         [](int64_t op) { state().last_fast[op != 0].store(false, std::memory_order_relaxed); });
   m.def("_shims_stats() -> int[]", &stats);
-  // attn2 with its scalars positional: what muse_ops.attn2 calls (the public schema's keyword-only
-  // scalars cost the dispatcher's Python argument parser ~1-2 us a call; bench/RESULTS.md)
-  m.def("_attn2_positional(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor(a!)? workspace, "
-        "int q_len, int window, float scale, int max_seq_len) -> Tensor");
   m.def("_shims_step_ready(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
         "Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor? workspace, *, int q_len, int window, "
         "float scale, int max_seq_len, str? backend=None) -> bool");
@@ -758,12 +754,6 @@ TORCH_LIBRARY_IMPL(muse, CUDA, m) {
   m.impl("qkv_front", &muse_shims::qkv_front_cuda);
   m.impl("attn2", &muse_shims::attn2_cuda);
   m.impl("_shims_step_ready", &muse_shims::step_ready);
-  m.impl("_attn2_positional", [](const at::Tensor& y, const at::Tensor& kv_cache, const at::Tensor& page_table,
-                                 const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len,
-                                 int64_t window, double scale, int64_t max_seq_len) {
-    return muse_shims::attn2_cuda(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
-                                  std::nullopt);
-  });
   m.impl("_shims_null", [](const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, at::Tensor&, std::optional<c10::string_view>) { return x; });
 }

@@ -188,12 +188,6 @@ else:
         _LIB.impl(f"_{_name}_py", _composite, "CompositeImplicitAutograd")
         _LIB.impl(_name, _composite, "CPU")      # the reference, through the internal op
         torch.library.register_fake(f"muse::{_name}", _public_fake(_name))
-    # muse_ops.attn2's entry (the same C++ kernel, its scalars positional): traced like the public op
-    torch.library.register_fake(
-        "muse::_attn2_positional",
-        lambda y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len: _public_fake("attn2")(
-            y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window, scale=scale,
-            max_seq_len=max_seq_len))
 
     @torch.ops.muse.attn2.default.py_impl(torch._C.DispatchKey.CompositeImplicitAutograd)
     def _attn2_traced(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len, window, scale, max_seq_len,
@@ -212,7 +206,6 @@ else:
 _QKV_FRONT_CALL = torch.ops.muse.qkv_front.default._op
 _ATTN2_CALL = torch.ops.muse.attn2.default._op
 _STEP_READY = torch.ops.muse._shims_step_ready.default._op if CPP else None
-_ATTN2_POSITIONAL = torch.ops.muse._attn2_positional.default._op if CPP else None
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -260,7 +253,8 @@ def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: 
     (docs/DESIGN.md section 5); y is qkv_front's output for the block."""
     if CPP and kv_cache.is_cuda and not torch.compiler.is_compiling():
         if backend is None:
-            return _ATTN2_POSITIONAL(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
+            return _ATTN2_CALL(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window,
+                               scale=scale, max_seq_len=max_seq_len)
         return _ATTN2_CALL(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window, scale=scale,
                            max_seq_len=max_seq_len, backend=backend)
     if _plain_eager(y, kv_cache, page_table, seq_lens, workspace):

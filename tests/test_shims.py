@@ -110,17 +110,3 @@ def test_a_library_from_other_sources_is_not_loaded(tmp_path):
     stale.write_bytes(b"\x7fELF not the shims")
     run = _python("import muse_ops", MUSE_OPS_SHIMS=str(stale))
     assert run.returncode != 0 and "built from other sources" in run.stderr and "build-shims" in run.stderr, run.stderr
-
-
-@needs_shims
-def test_shims_positional_attn2_entry_has_the_public_fake():
-    """muse_ops.attn2's C++ entry (its scalars positional) traces like the public op."""
-    from muse_ops.config import DEFAULT_SCALE
-    y = torch.empty(16, 2304, dtype=torch.bfloat16, device="meta")
-    kv = torch.empty(8, 2, 16, 128, dtype=torch.bfloat16, device="meta")
-    pt = torch.empty(2, 4, dtype=torch.int32, device="meta")
-    sl = torch.empty(2, dtype=torch.int32, device="meta")
-    out = torch.ops.muse._attn2_positional(y, kv, pt, sl, None, 8, 0, DEFAULT_SCALE, 64)
-    assert out.shape == (16, 1024) and out.device.type == "meta"
-    with pytest.raises(Exception, match="q_len"):
-        torch.ops.muse._attn2_positional(y, kv, pt, sl, None, 3, 0, DEFAULT_SCALE, 64)
