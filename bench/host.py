@@ -29,7 +29,7 @@ import torch
 import muse_ops
 from muse_ops import ops
 from muse_ops.config import DEFAULT_SCALE, HIDDEN, proj_cols
-from muse_ops.cutedsl import launch, shims
+from muse_ops.cutedsl import launch, runtime, shims
 from muse_ops.cutedsl.attn2_plan import launch_config as attn2_config, wave_ctas
 from muse_ops.cutedsl.qkv_front_plan import k_split, launch_config as qkv_config
 from muse_ops.errors import error_flag
@@ -103,7 +103,6 @@ def measure() -> list[dict]:
             qfn = launch.compile_qkv_front(qkv_config(x.shape[0], False, b.positions.dtype, b.slots.dtype))
             acfg = attn2_config(batch, KV_HEADS, 8, 0, 16384)
             afn = launch.compile_attn2(acfg)
-            from muse_ops.cutedsl import runtime
             dummy = runtime.dummy_tensor(x.device)
             yq = torch.empty_like(y)
             out = torch.empty(y.shape[0], 512 * KV_HEADS, dtype=torch.bfloat16, device="cuda")

@@ -131,8 +131,7 @@ struct State {
   Ffi ffi;
   std::vector<int64_t> tile_limits;   // qkv_front_plan.TILES: the largest M of each token tile
   int64_t wide_max_pairs = 16, wide_max_pairs_window = 32;
-  // [tile][rope][positions int64][slots int64]
-  std::array<std::array<std::array<std::array<Kernel, 2>, 2>, 2>, kMaxTiles> qkv{};
+  std::array<Kernel, kMaxTiles * 8> qkv{};   // at qkv_index(tile, rope, positions int64, slots int64)
   std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Attn2Entry> attn2;   // (q_len, window, msl, wide)
   std::vector<void*> libraries;
   std::string library_status = "no ahead-of-time library loaded by the shims";
@@ -151,6 +150,10 @@ struct State {
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+int qkv_index(int64_t tile, bool rope, bool pos64, bool slot64) {
+  return static_cast<int>(tile) * 8 + rope * 4 + pos64 * 2 + slot64;
 }
 
 State& state() {
@@ -366,15 +369,22 @@ std::optional<c10::OperatorHandle> python_op(const char* name) {
   return c10::Dispatcher::singleton().findSchema({name, ""});
 }
 
+// The Python implementation `name` of `op`, the call counted as Python's; without Python, the
+// refusal as a ValueError naming why the C++ path did not serve the call.
+c10::OperatorHandle python_fallback(int op, const char* name, const char* why) {
+  State& s = state();
+  s.slow[op].fetch_add(1, std::memory_order_relaxed);
+  s.last_fast[op].store(false, std::memory_order_relaxed);
+  auto handle = python_op(name);
+  TORCH_CHECK_VALUE(handle.has_value(), "muse::", op == kQkvFront ? "qkv_front" : "attn2", ": ", why,
+                    " (and muse_ops' Python implementation is not loaded)");
+  return *handle;
+}
+
 at::Tensor qkv_front_python(const char* why, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
                             const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, at::Tensor& kv_cache,
                             std::optional<c10::string_view> backend) {
-  State& s = state();
-  s.slow[kQkvFront].fetch_add(1, std::memory_order_relaxed);
-  s.last_fast[kQkvFront].store(false, std::memory_order_relaxed);
-  auto op = python_op("muse::_qkv_front_py");
-  TORCH_CHECK_VALUE(op.has_value(), "muse::qkv_front: ", why, " (and muse_ops' Python implementation is not loaded)");
-  return op->typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+  return python_fallback(kQkvFront, "muse::_qkv_front_py", why).typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               const std::optional<at::Tensor>&, at::Tensor&, std::optional<c10::string_view>)>()
       .call(x, weight, positions, slots, cos_sin, kv_cache, backend);
 }
@@ -382,12 +392,7 @@ at::Tensor qkv_front_python(const char* why, const at::Tensor& x, const at::Tens
 at::Tensor attn2_python(const char* why, const at::Tensor& y, const at::Tensor& kv_cache, const at::Tensor& page_table,
                         const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len,
                         int64_t window, double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
-  State& s = state();
-  s.slow[kAttn2].fetch_add(1, std::memory_order_relaxed);
-  s.last_fast[kAttn2].store(false, std::memory_order_relaxed);
-  auto op = python_op("muse::_attn2_py");
-  TORCH_CHECK_VALUE(op.has_value(), "muse::attn2: ", why, " (and muse_ops' Python implementation is not loaded)");
-  return op->typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+  return python_fallback(kAttn2, "muse::_attn2_py", why).typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               const std::optional<at::Tensor>&, int64_t, int64_t, double, int64_t,
                               std::optional<c10::string_view>)>()
       .call(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len, backend);
@@ -428,7 +433,7 @@ const char* plan_qkv_front(const at::Tensor& x, const at::Tensor& weight, const 
   std::shared_lock lock(s.mutex);
   const int tile = tile_index(p.m);
   if (tile >= 0 && s.ffi.ready())
-    p.kernel = s.qkv[tile][rope][positions.scalar_type() == at::kLong][slots.scalar_type() == at::kLong];
+    p.kernel = s.qkv[qkv_index(tile, rope, positions.scalar_type() == at::kLong, slots.scalar_type() == at::kLong)];
   return p.kernel.call ? nullptr : "no kernel registered for this variant";
 }
 
@@ -602,7 +607,7 @@ void set_qkv_front(int64_t tile, bool rope, bool pos64, bool slot64, Kernel k) {
   State& s = state();
   TORCH_CHECK(tile >= 0 && tile < kMaxTiles, "muse shims: tile index ", tile);
   std::unique_lock lock(s.mutex);
-  Kernel& slot = s.qkv[tile][rope][pos64][slot64];
+  Kernel& slot = s.qkv[qkv_index(tile, rope, pos64, slot64)];
   release(slot);
   slot = k;
 }
@@ -647,6 +652,7 @@ std::string load_library(std::string library) {
     if (kind == "tiles") {
       std::vector<int64_t> limits;
       for (int64_t v; words >> v;) limits.push_back(v);
+      TORCH_CHECK_VALUE(limits.size() <= static_cast<size_t>(kMaxTiles), "muse shims: too many token tiles in ", table);
       std::unique_lock lock(s.mutex);
       s.tile_limits = limits;
     } else if (kind == "wide") {
@@ -676,10 +682,7 @@ std::string load_library(std::string library) {
 void clear() {
   State& s = state();
   std::unique_lock lock(s.mutex);
-  for (auto& tile : s.qkv)
-    for (auto& a : tile)
-      for (auto& b : a)
-        for (auto& k : b) release(k);
+  for (auto& k : s.qkv) release(k);
   for (auto& kv : s.attn2) release(kv.second.kernel);
   s.attn2.clear();
 }
@@ -688,10 +691,7 @@ std::vector<int64_t> stats() {
   State& s = state();
   std::shared_lock lock(s.mutex);
   int64_t qkv = 0;
-  for (auto& tile : s.qkv)
-    for (auto& a : tile)
-      for (auto& b : a)
-        for (auto& k : b) qkv += k.call != nullptr;
+  for (auto& k : s.qkv) qkv += k.call != nullptr;
   return {s.fast[0].load(), s.slow[0].load(), s.fast[1].load(), s.slow[1].load(), s.last_fast[0].load(),
           s.last_fast[1].load(), qkv, static_cast<int64_t>(s.attn2.size()), s.fast_ns[0].load(),
           s.fast_ns[1].load(), s.launch_ns[0].load(), s.launch_ns[1].load(), s.plan_ns[0].load(),

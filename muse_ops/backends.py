@@ -15,6 +15,8 @@ import os
 
 import torch
 
+from .cutedsl import shims
+
 BACKENDS = ("cutedsl", "reference")
 ENV_VAR = "MUSE_OPS_BACKEND"
 CHECK_ENV_VAR = "MUSE_OPS_CHECK"
@@ -31,7 +33,6 @@ def set_backend(name: str | None) -> None:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {name!r}")
     global _forced
     _forced = name
-    from .cutedsl import shims
     shims.set_backend(name)
 
 
@@ -84,19 +85,14 @@ def resolve(op: str, device: torch.device, requested: str | None, *, record: boo
             log.warning("muse::%s on %s runs on the reference backend: %s", op, device, why)
     if record:
         _last[op] = name
-        _shims().note_python(op)
+        shims.note_python(op)
     return name
-
-
-def _shims():
-    from .cutedsl import shims
-    return shims
 
 
 def last_backend(op: str) -> str | None:
     """The backend that ran the most recent eager call of `op` ("attn2" or "qkv_front"),
     whether the C++ ops or Python launched it."""
-    if _shims().last_was_cpp(op):
+    if shims.last_was_cpp(op):
         return "cutedsl"
     return _last.get(op)
 
@@ -106,7 +102,6 @@ def backend_report() -> dict[str, str]:
     ahead-of-time library or the CuTe DSL's compiler) and which host path launched them."""
     report = {op: name for op in ("qkv_front", "attn2") if (name := last_backend(op)) is not None}
     from .cutedsl import aot, compile_cache
-    shims = _shims()
     report["kernels"] = (f"ahead-of-time library: {aot.status()}; compile cache {dict(compile_cache.stats)}; "
                          f"C++ ops: {shims.status()} {shims.stats() or ''}".strip())
     return report

@@ -93,16 +93,9 @@ class MuseAttentionDecode(nn.Module):
         workspace = self.workspace if self.workspace.device == x.device else None
         kw = dict(q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, backend=self.backend)
         out = None
-        if ops.CPP and kv_cache.is_cuda and not torch.compiler.is_compiling():
-            # the C++ ops serve this device: where both will take their C++ path nothing can refuse
-            # the step after the cache is written; otherwise check it all in Python first
-            if not ops.step_ready(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table,
-                                  seq_lens, workspace, **kw):
-                ops.check_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table,
-                               seq_lens, workspace, **kw)
-        elif not torch.compiler.is_compiling():   # traced, the ops' fakes check the metadata
-            # a plain eager call checks the step once and runs both ops' bodies; otherwise check
-            # the whole step, then go through the registered ops
+        if not torch.compiler.is_compiling():   # traced, the ops' fakes check the metadata
+            # a plain eager call: the step checked before its first write, then both ops; otherwise
+            # check the whole step, then go through the registered ops
             out = ops.run_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table, seq_lens,
                                workspace, **kw)
             if out is None:

@@ -156,38 +156,38 @@ def _attn2_composite(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len
                                  scale=scale, max_seq_len=max_seq_len, backend=backend)
 
 
-def _public_fake(op: str):
-    """The public op's fake where C++ defines it: the internal op's fake after the composite's
-    refusal of autograd (a traced call never runs the composite)."""
-    fake = {"qkv_front": qkv_front_fake, "attn2": attn2_fake}[op]
+def _qkv_front_public_fake(x, weight, positions, slots, cos_sin, kv_cache, *, backend=None):
+    """The public op's fake where C++ defines it: the composite's refusal of autograd (a traced
+    call never runs the composite), then the internal op's fake. Likewise for attn2."""
+    check_inference_only("qkv_front", x=x, weight=weight, cos_sin=cos_sin)
+    return qkv_front_fake(x, weight, positions, slots, cos_sin, kv_cache)
 
-    def public_fake(*args, **kwargs):
-        tensors = {"qkv_front": ("x", "weight", "cos_sin"), "attn2": ("y",)}[op]
-        names = ("x", "weight", "positions", "slots", "cos_sin", "kv_cache") if op == "qkv_front" else ("y",)
-        given = dict(zip(names, args))
-        check_inference_only(op, **{k: given.get(k, kwargs.get(k)) for k in tensors})
-        return fake(*args, **kwargs)
-    return public_fake
+
+def _attn2_public_fake(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len, window, scale, max_seq_len,
+                       backend=None):
+    check_inference_only("attn2", y=y)
+    return attn2_fake(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window, scale=scale,
+                      max_seq_len=max_seq_len)
 
 
 _LIB = torch.library.Library("muse", "FRAGMENT")
-_COMPOSITES = {"qkv_front": _qkv_front_composite, "attn2": _attn2_composite}
+_COMPOSITES = {"qkv_front": (_qkv_front_composite, _qkv_front_public_fake),
+               "attn2": (_attn2_composite, _attn2_public_fake)}
 # The C++ ops (csrc_shims/, muse_ops/cutedsl/shims.py), where built: they define the public schemas
 # and their CUDA kernels; Python then registers the rest of each op (below).
 CPP = shims.load()
-if CPP:
-    set_flag_source(shims.error_flag)
 if not CPP:
-    for _name, _composite in _COMPOSITES.items():
+    for _name, (_composite, _) in _COMPOSITES.items():
         _LIB.define(SCHEMAS[_name])
         _LIB.impl(_name, _composite, "CompositeImplicitAutograd")
 else:
-    for _name, _composite in _COMPOSITES.items():
+    set_flag_source(shims.error_flag)   # one error flag per device, the C++ side's
+    for _name, (_composite, _fake) in _COMPOSITES.items():
         # what the C++ kernel hands back (see shims.py): the composite, under its own name
         _LIB.define(SCHEMAS[_name].replace(f"{_name}(", f"_{_name}_py(", 1))
         _LIB.impl(f"_{_name}_py", _composite, "CompositeImplicitAutograd")
         _LIB.impl(_name, _composite, "CPU")      # the reference, through the internal op
-        torch.library.register_fake(f"muse::{_name}", _public_fake(_name))
+        torch.library.register_fake(f"muse::{_name}", _fake)
 
     @torch.ops.muse.attn2.default.py_impl(torch._C.DispatchKey.CompositeImplicitAutograd)
     def _attn2_traced(y, kv_cache, page_table, seq_lens, workspace=None, *, q_len, window, scale, max_seq_len,
@@ -324,17 +324,23 @@ def step_ready(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_l
 
 def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
              window: int, scale: float, max_seq_len: int, backend: str | None = None) -> torch.Tensor | None:
-    """A layer step (qkv_front, then attn2 on its y) in a plain eager call: every check once
-    (check_step), then both bodies. Returns None where the call is not plain eager (tracing, a
-    dispatch mode, inputs that require grad), and where the C++ ops serve the device (each is
-    cheaper than the Python body): the caller then checks the step and calls the public ops."""
-    if (CPP and kv_cache.is_cuda) or not _plain_eager(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace):
+    """A layer step (qkv_front, then attn2 on its y) in a plain eager call, every check before the
+    first write. Where the C++ ops serve the device: their step gate (step_ready), else the whole
+    check in Python, then the two C++ ops. Otherwise every check once (check_step), then both
+    Python bodies. Returns None where the call is not plain eager (tracing, a dispatch mode,
+    inputs that require grad): the caller then checks the step and calls the registered ops."""
+    if not _plain_eager(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace):
         return None
+    kw = dict(q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len, backend=backend)
+    if CPP and kv_cache.is_cuda:
+        if not step_ready(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, **kw):
+            check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, **kw)
+        y = qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
+        return attn2(y, kv_cache, page_table, seq_lens, workspace=workspace, **kw)
     if workspace is None:
         workspace = attn2_workspace(x.device, seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len)
     front, attn = check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace,
-                             q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len, backend=backend,
-                             record=True)
+                             **kw, record=True)
     y = _run_qkv_front(front, x, weight, positions, slots, cos_sin, kv_cache)
     return _run_attn2(attn, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
 

@@ -69,9 +69,7 @@ def load() -> bool:
             raise RuntimeError(f"built from other sources (no {marker.decode()} marker): rebuild it with "
                                "`python -m muse_ops build-shims`")
         torch.ops.load_library(str(path))
-        from . import attn2_plan, qkv_front_plan
-        torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
-                                        attn2_plan.WIDE_MAX_PAIRS_WINDOW, "")
+        _configure("")
     except Exception as exc:  # noqa: BLE001  (reported, and the Python ops serve)
         _state["why"] = f"{path} failed to load ({type(exc).__name__}: {exc})"
         if named:
@@ -91,12 +89,17 @@ def status() -> str:
     return _state["why"]
 
 
+def _configure(libtvm_ffi: str) -> None:
+    """Hand the C++ side the plan's tables (and, once a variant is offered, TVM-FFI's library)."""
+    from . import attn2_plan, qkv_front_plan
+    torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
+                                    attn2_plan.WIDE_MAX_PAIRS_WINDOW, libtvm_ffi)
+
+
 @functools.lru_cache(maxsize=1)
 def _ffi_configured() -> None:
     import tvm_ffi
-    from . import attn2_plan, qkv_front_plan
-    torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
-                                    attn2_plan.WIDE_MAX_PAIRS_WINDOW, str(tvm_ffi.libinfo.find_libtvm_ffi()))
+    _configure(str(tvm_ffi.libinfo.find_libtvm_ffi()))
 
 
 def _handle(fn) -> int | None:
