@@ -18,10 +18,10 @@ Tensors (all contiguous, 16-byte aligned):
 Design (split KV with cluster and workspace merges on wgmma + TMA; one reduction tree per
 request whatever the batch; docs/DESIGN.md section 11):
 - The reduction tree of a request depends on its own L and the deployment only (split_plan): its
-  visible pages are cut into ring steps of SP pages; about steps // 32 nodes (1 to NODES_MAX = 8,
-  so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub (WINDOW_SUB_CHUNKS = 4 for
-  window deployments, whose ~33 steps make one node: 8 chunks);
-  chunk j covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online
+  visible pages are cut into ring steps of pages_per_step pages; about steps // 32 nodes (1 to
+  NODES_MAX = 8, so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub
+  (WINDOW_SUB_CHUNKS = 4 for window deployments, whose ~33 steps make one node: 8 chunks); chunk j
+  covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online
   softmax from the identity I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a
   node is fold(fold(I, sub 2i), sub 2i + 1) (a missing sub is I); the output is the flat sum of
   the nodes weighted by ex2(m - M), M the largest node max. Every fold is the same explicit PTX
@@ -49,38 +49,39 @@ request whatever the batch; docs/DESIGN.md section 11):
   entries (32 from step s, 2 s and 3 s: where chunk s starts when steps // chunks is exactly 1, 2
   or 3) with seq_len's load, and takes the entries from a guess that covers them; a deep CTA
   issues Q before its page-table loads. Nothing depends on a guess being right.
-- Grid (CS, Hkv * R, CL_MAX) with clusters of CS CTAs along x: the cluster index is the slowest
-  dimension, so the clusters that have work (low indices) are dispatched first and the idle ones
-  (beyond the request's subs / nodes) exit at the end. 128 threads = one warpgroup. CTA
-  (rank, g, r) of cluster cl owns every query row of request r and KV head g (q_len * 8 rows,
+- Grid (cluster_size, Hkv * R, max_clusters) with clusters of cluster_size CTAs along x: the
+  cluster index is the slowest dimension, so the clusters that have work (low indices) are
+  dispatched first and the idle ones (beyond the request's subs / nodes) exit at the end. 128
+  threads = one warpgroup. CTA (rank, g + Hkv r, cluster) owns split cluster * cluster_size +
+  rank of the tree of request r and KV head g, and every query row of the pair (q_len * 8 rows,
   token-major: row m = t * 8 + j, zero-padded to the wgmma M of 64). Warp w holds rows
   16 w .. 16 w + 15 of the accumulators (tokens 2w, 2w + 1), lane rows lane // 4 and
   lane // 4 + 8 (the wgmma C layout).
-- KV ring: NST stages of SP pages. Warp 0 issues, per page, one TMA box (16 rows x 64 columns) for
-  its K half and one for its V half into 128 B-swizzled smem (the canonical K-major wgmma layout),
-  completing on the stage's mbarrier; a CTA barrier per step frees the stage read in the step
-  before. A page that the page table does not give (past the last page, or invalid) is read at
-  page index num_pages, outside the tensor map, so TMA fills zeros and still counts its bytes.
+- KV ring: `stages` stages of pages_per_step pages. Warp 0 issues, per page, one TMA box (16 rows x
+  64 columns) for its K half and one for its V half into 128 B-swizzled smem (the canonical K-major
+  wgmma layout), completing on the stage's mbarrier; a CTA barrier per step frees the stage read in
+  the step before. A page that the page table does not give (past the last page, or invalid) is read
+  at page index num_pages, outside the tensor map, so TMA fills zeros and still counts its bytes.
   The tail page's V rows >= L are zeroed in smem before use (the cache holds anything there and
   0 * NaN = NaN); their logits, and those of invalid pages, are masked. Masking (causal, window,
   tail, invalid pages) runs on edge steps only.
-- S = Q K^T: wgmma m64nNk16 (N = 16 SP keys), Q and K from smem. O += P V: wgmma m64n64k16 with
-  P (bf16, packed cvt.rn.bf16x2) in registers -- the C layout of S is the A layout of P V -- and
-  V read through a transposed view of the same swizzled ring (the MN-major B operand). Every
-  wgmma group is waited for before its registers or smem are touched.
+- S = Q K^T: wgmma m64nNk16 (N = keys_per_step = 16 pages_per_step), Q and K from smem. O += P V:
+  wgmma m64n64k16 with P (bf16, packed cvt.rn.bf16x2) in registers -- the C layout of S is the A
+  layout of P V -- and V read through a transposed view of the same swizzled ring (the MN-major B
+  operand). Every wgmma group is waited for before its registers or smem are touched.
 - Online softmax in base 2: p = ex2.approx.ftz(fma(s, scale * log2 e, -m)). The running max is
   lazy: it moves only when a logit exceeds it by more than RESCALE_SLACK = 8 (p <= 2^8, fine
   in fp32 and bf16), and O is rescaled only when a row max of the warp moved (x * 1 = x). The
   rule depends on the data alone, so the bits stay deterministic; softmax does not depend on
   the reference point, so only rounding changes. Running max starts at -1e30 (finite), so fully
   masked tiles need no branch.
-- Merge, level 1 (DSMEM): each CTA leaves its partial (O, m, l) rows in its idle ring (a wide
-  CTA its chunk, a deep CTA its sub); after a cluster barrier, rank c reads rows
-  [c * RPR, (c + 1) * RPR) of all CS peers (ld.shared::cluster) and folds them in rank order from
-  I (wide: chunks past the request's end are skipped by selection; deep: the pair's two subs).
-  A second cluster barrier keeps every CTA's smem alive until its peers are done: its relaxed
-  arrive follows the CTA's DSMEM loads, its wait is the CTA's last step (so the level-2 merge
-  does not wait for the slowest peer's loads).
+- Merge, level 1 (DSMEM): each CTA leaves its partial (O, m, l) rows in its idle ring (a wide CTA
+  its chunk, a deep CTA its sub); after a cluster barrier, rank c reads rows
+  [c * rows_per_rank, (c + 1) * rows_per_rank) of all cluster_size peers (ld.shared::cluster) and
+  folds them in rank order from I (wide: chunks past the request's end are skipped by selection;
+  deep: the pair's two subs). A second cluster barrier keeps every CTA's smem alive until its peers
+  are done: its relaxed arrive follows the CTA's DSMEM loads, its wait is the CTA's last step (so
+  the level-2 merge does not wait for the slowest peer's loads).
 - Merge, level 2 (more than one node, or more than one sub when wide): rank c writes its rows of
   the cluster's partial to the workspace, one thread takes a ticket (one atom.acq_rel.gpu.add
   after a CTA barrier: cumulative over the CTA's writes) on the counter of (request, KV head, rank
@@ -90,21 +91,18 @@ request whatever the batch; docs/DESIGN.md section 11):
   serves calls of any batch size.
 - One node (and after level 2): norm + gate, then out. Page-table entries of a CTA are staged in
   smem once.
-- Status (H200, 2026-11-29, bench/RESULTS.md seventh run): correct, deterministic, batch
-  invariant, both layouts bit-identical; faster than FA4 + norm-gate on every bench case;
-  B=1 L=8192 in 7.6-7.7 us (the issue asks <= 8); every case whose floor is >= 20 us within
-  1.07-1.30x of it. q_len 1 uses the same kernel (8 real rows of the 64). Tried and measured
-  slower (sixth run): pushing the level-1 rows into the merging CTA (st.async or
-  st.shared::cluster) instead of pulling them, and 1-step chunks at L = 8192. Seen and left: at
-  B=1 L=8192 Hkv=2 the 16 clusters of 8 fit the H200's GPCs only 15 at a time, so one shares 8
-  SMs with another; its CTAs end their loop ~0.8 us and pass the first cluster barrier ~1.5 us
-  after the median CTA, and they finish the launch (bench/RESULTS-archive.md, seventh run).
+- q_len 1 uses the same kernel (8 real rows of the 64). Deterministic and batch invariant, and
+  both layouts give the same bits (the fixed fold orders above). Measurements, and the designs
+  tried and measured slower (pushing the level-1 rows into the merging CTA with st.async or
+  st.shared::cluster instead of pulling them; 1-step chunks at L = 8192): bench/RESULTS.md and
+  bench/RESULTS-archive.md.
 - Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
   butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -146,16 +144,18 @@ def _pt_entry(lp: Int32, phys: Int32, last_page: Int32, width: Int32, num_pages:
     return v
 
 @cute.jit
-def _load_q(mY: cute.Tensor, qv: cute.Tensor, r: Int32, g: Int32, tidx: Int32, QL: cutlass.Constexpr[int]):
-    """The Q tile of (request r, KV head g) into registers qv (8, its): 16-byte piece
+def _load_q(mY: cute.Tensor, qv: cute.Tensor, request: Int32, kv_head: Int32, tidx: Int32,
+            q_len: cutlass.Constexpr[int]):
+    """The Q tile of (request, kv_head) into registers qv (8, its): 16-byte piece
     tidx + it * THREADS of the tile, i.e. row m = token * 8 + head, columns 8 (ci % 8) ..;
     rows >= q_len * 8 are zero."""
     for it in cutlass.range_constexpr(cute.size(qv, mode=[1])):
         ci = tidx + it * THREADS
         qm = ci // 8
         qv[None, it].fill(0.0)
-        if qm < QL * GROUP:
-            src = cute.local_tile(mY, (1, 8), (r * QL + qm // GROUP, (g * GROUP + qm % GROUP) * 8 + ci % 8))
+        if qm < q_len * GROUP:
+            src = cute.local_tile(mY, (1, 8), (request * q_len + qm // GROUP,
+                                               (kv_head * GROUP + qm % GROUP) * 8 + ci % 8))
             cute.autovec_copy(src[0, None], qv[None, it])
 
 # The folds of the reduction tree are explicit PTX (muse_ops.cutedsl.ptx): the same instructions
@@ -203,49 +203,78 @@ def _node_into(o: cute.Tensor, m_a: Float32, l_a: Float32, o_a: cute.Tensor,
 
 @cute.jit
 def _load_step(tma_atom: cute.CopyAtom, tKVg: cute.Tensor, tKs: cute.Tensor, tVs: cute.Tensor,
-               full, sPT: cute.Tensor, g: Int32, kloc: Int32, st: Int32, num_pages: Int32,
-               SP: cutlass.Constexpr[int], PTMAX: cutlass.Constexpr[int]):
-    """Warp 0: TMA the K and V halves of the SP pages of local step kloc into stage st, one
-    (16, 64) box each, completing on full[st]. A page the smem page table marks -1 (past the
-    last page, or invalid) is read at page index num_pages, out of the tensor map's bounds,
-    so TMA fills it with zeros and still counts its bytes."""
+               full, sPT: cute.Tensor, kv_head: Int32, kloc: Int32, stage: Int32, num_pages: Int32,
+               pages_per_step: cutlass.Constexpr[int], page_table_max: cutlass.Constexpr[int]):
+    """Warp 0: TMA the K and V halves of the pages_per_step pages of local step kloc into ring
+    stage `stage`, one (16, 64) box each, completing on full[stage]. A page the smem page table
+    marks -1 (past the last page, or invalid) is read at page index num_pages, out of the tensor
+    map's bounds, so TMA fills it with zeros and still counts its bytes."""
     with cute.arch.elect_one():
-        cute.arch.mbarrier_arrive_and_expect_tx(full + st, SP * 2 * PAGE_SIZE * HEAD_DIM * 2)
-    for p in cutlass.range_constexpr(SP):
-        phys = sPT[cutlass.min(kloc * SP + p, Int32(PTMAX - 1))]
+        cute.arch.mbarrier_arrive_and_expect_tx(full + stage, pages_per_step * 2 * PAGE_SIZE * HEAD_DIM * 2)
+    for p in cutlass.range_constexpr(pages_per_step):
+        phys = sPT[cutlass.min(kloc * pages_per_step + p, Int32(page_table_max - 1))]
         src = phys
         if phys < 0:
             src = num_pages
-        cute.copy(tma_atom, tKVg[None, 0, 0, g, src], tKs[None, st * SP + p], tma_bar_ptr=full + st)
-        cute.copy(tma_atom, tKVg[None, 0, 1, g, src], tVs[None, st * SP + p], tma_bar_ptr=full + st)
+        page = stage * pages_per_step + p
+        cute.copy(tma_atom, tKVg[None, 0, 0, kv_head, src], tKs[None, page], tma_bar_ptr=full + stage)
+        cute.copy(tma_atom, tKVg[None, 0, 1, kv_head, src], tVs[None, page], tma_bar_ptr=full + stage)
 
 
 @cute.jit
 def _epilogue(o: cute.Tensor, gt: cute.Tensor, mOut: cute.Tensor, row_g: Int32,
-              qcol: Int32, active: Int32, CPT: cutlass.Constexpr[int], TPR: cutlass.Constexpr[int]):
-    """o: CPT fp32 values of one row (columns qcol..qcol+CPT of the head); writes
-    bf16(sigmoid(gate) * rmsnorm(bf16(o))) if active. The TPR lanes of a row reduce by
-    butterfly (every lane takes part, so inactive lanes compute a duplicate row)."""
-    ob = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
+              qcol: Int32, active: Int32, columns_per_thread: cutlass.Constexpr[int],
+              threads_per_row: cutlass.Constexpr[int]):
+    """o: columns_per_thread fp32 values of one row (columns qcol.. of the head); writes
+    bf16(sigmoid(gate) * rmsnorm(bf16(o))) if active. The threads_per_row lanes of a row reduce
+    by butterfly (every lane takes part, so inactive lanes compute a duplicate row)."""
+    ob = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), BFloat16)
     ob.store(o.load().to(BFloat16))
-    of = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
+    of = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
     of.store(ob.load().to(Float32))
     ss = of[0] * of[0]
-    for c in cutlass.range_constexpr(1, CPT):
+    for c in cutlass.range_constexpr(1, columns_per_thread):
         ss = ss + of[c] * of[c]
-    for b in cutlass.range_constexpr(int(math.log2(TPR))):   # fixed butterfly over the row's lanes
+    for b in cutlass.range_constexpr(int(math.log2(threads_per_row))):   # fixed butterfly over the row's lanes
         ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << b)
     rs = cute.math.rsqrt(ss * (1.0 / HEAD_DIM) + RMS_EPS, fastmath=True)
-    gf = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
+    gf = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
     gf.store(gt.load().to(Float32))
-    res = cute.make_rmem_tensor(cute.make_layout(CPT), Float32)
-    for c in cutlass.range_constexpr(CPT):
+    res = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
+    for c in cutlass.range_constexpr(columns_per_thread):
         sig = cute.arch.rcp_approx(1.0 + cute.math.exp2(gf[c] * (-LOG2E), fastmath=True))
         res[c] = of[c] * rs * sig
-    rb = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
+    rb = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), BFloat16)
     rb.store(res.load().to(BFloat16))
     if active != 0:
-        cute.autovec_copy(rb, cute.local_tile(mOut, (1, CPT), (row_g, qcol // CPT))[0, None])
+        cute.autovec_copy(rb, cute.local_tile(mOut, (1, columns_per_thread),
+                                              (row_g, qcol // columns_per_thread))[0, None])
+
+
+class _Tree(NamedTuple):
+    """A CTA's place in its request's reduction tree (Attn2Sm90.reduction_tree): dynamic Int32s."""
+    first_page: Int32    # first visible page (window) or 0
+    last_page: Int32     # the page of key L - 1
+    n_steps: Int32       # ring steps of pages_per_step pages over the visible pages
+    n_chunks: Int32
+    n_subs: Int32
+    n_nodes: Int32
+    cluster: Int32       # this CTA's cluster: a sub (wide) or a node (deep)
+    rank: Int32          # this CTA's rank in it
+    n_clusters: Int32    # clusters with work: subs (wide) or nodes (deep)
+    chunk_lo: Int32      # this CTA's chunks: [chunk_lo, chunk_hi)
+    chunk_hi: Int32
+
+
+class _MyRows(NamedTuple):
+    """The rows a CTA merges and writes (rows_per_rank rows of its rank, threads_per_row threads
+    of columns_per_thread columns each): dynamic Int32s."""
+    active: Int32        # 1 where this thread's row is one of the rank's rows
+    row: Int32           # row m = token * 8 + head of the accumulators (clamped to rows - 1)
+    col0: Int32          # this thread's first column of the row
+    out_row: Int32       # the row's row of y and out
+    out_col: Int32       # this thread's first column of out (and, shifted, of the gate in y)
+
 
 class Attn2Sm90:
     """One variant of the attn2 kernel (see the module docstring)."""
@@ -254,24 +283,24 @@ class Attn2Sm90:
         self.cfg = cfg
         self.q_len = cfg.q_len
         self.window = cfg.window
-        self.MR = cfg.mr
-        self.SP = cfg.sp
-        self.NK = cfg.nk
-        self.NST = cfg.stages
-        self.WIDE = cfg.wide
-        self.SUBC = cfg.sub_chunks
-        self.CS = cfg.cs
-        self.CPC = cfg.cpc                # chunks per CTA
+        self.rows = cfg.mr                          # real query rows: q_len * 8 of the M_TILE
+        self.pages_per_step = cfg.sp
+        self.keys_per_step = cfg.nk                 # 16 * pages_per_step: the N of S = Q K^T
+        self.stages = cfg.stages                    # KV ring stages
+        self.wide = cfg.wide                        # layout: a CTA per chunk (else per sub)
+        self.sub_chunks = cfg.sub_chunks
+        self.cluster_size = cfg.cs
+        self.chunks_per_cta = cfg.cpc
         # the CTA folds its chunks in a second accumulator; a one-chunk CTA needs none, since
         # fold(I, X) = X exactly (weights ex2(-1e30 - m) = 0 and ex2(0) = 1, fma(0, 0, x) = x)
-        self.ACC = cfg.cpc > 1
-        self.CL_MAX = cfg.cl_max
-        self.SLOTS = cfg.slots
-        self.NODES_MAX = cfg.nodes_max
-        self.RPR = cfg.rows_per_rank      # rows each cluster rank merges and writes
-        self.TPRM = min(16, THREADS // self.RPR)   # threads per row in the merges / epilogue
-        self.CPTM = HEAD_DIM // self.TPRM
-        self.PTMAX = cfg.pt_max
+        self.second_accumulator = cfg.cpc > 1
+        self.max_clusters = cfg.cl_max              # clusters per (request, KV head) in the grid
+        self.slots = cfg.slots                      # workspace partials per (request, KV head)
+        self.nodes_max = cfg.nodes_max
+        self.rows_per_rank = cfg.rows_per_rank      # rows each cluster rank merges and writes
+        self.threads_per_row = min(16, THREADS // self.rows_per_rank)   # in the merges / epilogue
+        self.columns_per_thread = HEAD_DIM // self.threads_per_row
+        self.page_table_max = cfg.pt_max            # page-table entries of a CTA in smem
 
     @cute.jit
     def __call__(self, mY: cute.Tensor,       # bf16 [q_len*R, N]
@@ -283,13 +312,14 @@ class Attn2Sm90:
                  mErr: cute.Tensor,           # int32 [1]
                  scale: Float32, max_seq_len: Int32, wave_ctas: Int32,
                  stream: cuda.CUstream):
-        R = mSeq.shape[0]
-        hkv = mCache.shape[1]
+        num_requests = mSeq.shape[0]
+        kv_heads = mCache.shape[1]
         # K and V rings and Q: rows of 64 bf16 (128 B) in the 128 B swizzle, the canonical
         # K-major wgmma layout; V read through a transposed view is the MN-major B of P V
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        sRing_layout = cute.tile_to_shape(atom, (self.NK, HEAD_DIM, self.NST), (0, 1, 2))
-        sPages_layout = cute.tile_to_shape(atom, (PAGE_SIZE, HEAD_DIM, self.SP * self.NST), (0, 1, 2))
+        sRing_layout = cute.tile_to_shape(atom, (self.keys_per_step, HEAD_DIM, self.stages), (0, 1, 2))
+        sPages_layout = cute.tile_to_shape(atom, (PAGE_SIZE, HEAD_DIM, self.pages_per_step * self.stages),
+                                           (0, 1, 2))
         sQ_layout = cute.tile_to_shape(atom, (M_TILE, HEAD_DIM), (0, 1))
         # the cache as (row, column, KV head, page); a TMA box is one page's K or V half
         mKV = cute.make_tensor(mCache.iterator, cute.select(mCache.layout, mode=[2, 3, 1, 0]))
@@ -299,12 +329,12 @@ class Attn2Sm90:
         occ = {}
         if const_expr(self.cfg.min_blocks > 0):
             occ = dict(min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)
-        if const_expr(self.CS > 1):
-            occ["cluster"] = (self.CS, 1, 1)
+        if const_expr(self.cluster_size > 1):
+            occ["cluster"] = (self.cluster_size, 1, 1)
         self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, tma_atom, mKV_tma, sRing_layout, sPages_layout,
                     sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len, wave_ctas).launch(
-            grid=(self.CS, hkv * R, self.CL_MAX), block=(THREADS, 1, 1), stream=stream,
-            use_pdl=self.cfg.pdl, **occ)
+            grid=(self.cluster_size, kv_heads * num_requests, self.max_clusters), block=(THREADS, 1, 1),
+            stream=stream, use_pdl=self.cfg.pdl, **occ)
 
     @cute.kernel
     def kernel(self, mY: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
@@ -312,503 +342,727 @@ class Attn2Sm90:
                tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sRing_layout: cute.ComposedLayout,
                sPages_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
                num_pages: Int32, scale_log2: Float32, max_seq_len: Int32, wave_ctas: Int32):
-        QL = self.q_len
-        W = self.window
-        WIDE = self.WIDE
-        ACC = self.ACC
-        MR, SP, NK, NST, PTMAX = self.MR, self.SP, self.NK, self.NST, self.PTMAX
+        """CTA (block_rank, block_pair, block_cluster), one warpgroup, owns split = block_cluster *
+        cluster_size + block_rank of the reduction tree of (request, KV head) = divmod(block_pair,
+        kv_heads): every query row of the pair, and the chunks [split * chunks_per_cta, ..) of the
+        request's chunks (reduction_tree). Phases, in order (every thread calls each; its
+        docstring says which threads act): barriers and the PDL wait; Q and page-table guesses;
+        then either the invalid length (zero rows, error bit) or, for a CTA of a live cluster:
+        page table and Q to smem, the KV ring and the main loop, the partial to smem, the level-1
+        (cluster) merge, the level-2 (workspace) merge, the epilogue. A CTA of a live cluster
+        reaches both cluster barriers (merge_cluster and the final wait) whatever its steps; a CTA
+        of an idle cluster (beyond the request's subs or nodes) or of a bad length exits before
+        either, and so does the rest of its cluster (same request, same cluster index)."""
         tidx, _, _ = cute.arch.thread_idx()
-        rank_x, gr, cl_z = cute.arch.block_idx()
-        w = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        block_rank, block_pair, block_cluster = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
-        R = mSeq.shape[0]
-        hkv = mKV_tma.shape[2]
-        g = gr % hkv
-        r = gr // hkv
-        s = cl_z * self.CS + rank_x
+        num_requests = mSeq.shape[0]
+        kv_heads = mKV_tma.shape[2]
+        kv_head = block_pair % kv_heads
+        request = block_pair // kv_heads
+        split = block_cluster * self.cluster_size + block_rank
 
         # ---- shared memory
         smem = SmemAllocator()
-        full = smem.allocate_array(Int64, NST, byte_alignment=8)   # one mbarrier per ring stage
+        full = smem.allocate_array(Int64, self.stages, byte_alignment=8)   # one mbarrier per ring stage
         sK = smem.allocate_tensor(BFloat16, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sV = smem.allocate_tensor(BFloat16, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sQ = smem.allocate_tensor(BFloat16, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
-        sPT = smem.allocate_tensor(Int32, cute.make_layout(PTMAX), byte_alignment=16)
+        sPT = smem.allocate_tensor(Int32, cute.make_layout(self.page_table_max), byte_alignment=16)
         sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
-        sXm = smem.allocate_tensor(Float32, cute.make_layout((MR, 2), stride=(2, 1)), byte_alignment=16)
+        sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
 
-        # ---- what needs no global data: the TMA descriptor (a kernel parameter) and the ring's
-        # mbarriers, so the first KV load does not wait for them
-        if w == 0:
-            cpasync.prefetch_descriptor(tma_atom)
-            with cute.arch.elect_one():
-                for st0 in cutlass.range_constexpr(NST):
-                    cute.arch.mbarrier_init(full + st0, 1)
-                cute.arch.mbarrier_init_fence()
+        self.init_barriers(tma_atom, full, warp)
         # ---- PDL: this grid may start while its predecessor in the stream still runs; nothing
         # global is read or written before the predecessor is done, so any kernel may precede
         # (one that writes seq_lens or the page table too). Measured (tools/attn2_dev,
-        # interleaved, us): B=1 L=8192 8.16 against 8.56 without PDL. The trigger for the next
-        # grid comes after the main loop, in wide grids of at most one working CTA per SM.
+        # interleaved): B=1 L=8192 8.16 against 8.56 us without PDL. The trigger for the next
+        # grid comes after the main loop (trigger_dependents).
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()
-        # ---- wide: issue what does not need L together with L (one latency instead of three):
-        # Q (the CTA's rows of y), and warp w's guess of the CTA's page-table entries, 32 from
-        # step (w + 1) * s: chunk s starts at step s * steps // chunks, which one of them covers
-        # when steps / chunks is close to 1, 2 or 3 (every L <= 1024 and L a multiple of 2048
-        # up to 24576; 63% of the L up to 16384; split_plan). A guess, checked against L below;
-        # measured 0.2-0.4 us faster at B=1 (L = 512, 6000, 8192) than without the guesses.
-        qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
-        pt_guess = Int32(-1)
-        if const_expr(WIDE):
-            _load_q(mY, qv, r, g, tidx, QL)
-            if w < 3:
-                pt_guess = mPT[r, cutlass.min((w + 1) * s * SP + lane, mPT.shape[1] - 1)]
-        L = mSeq[r]
-        bad_len = Int32(L < QL) + Int32(L > max_seq_len)
+        qv, pt_guess = self.load_query_and_guesses(mY, mPT, request, kv_head, split, tidx, warp, lane)
+        L = mSeq[request]
+        bad_len = Int32(L < self.q_len) + Int32(L > max_seq_len)
         if bad_len != 0:
-            # ---- invalid length: zero rows, flag bit 1 (split 0 only)
-            if s == 0:
-                TPR = THREADS // MR
-                CPT = HEAD_DIM // TPR
-                row = tidx // TPR
-                c0 = (tidx % TPR) * CPT
-                z = cute.make_rmem_tensor(cute.make_layout(CPT), BFloat16)
-                z.fill(0.0)
-                qcol = (g * GROUP + row % GROUP) * HEAD_DIM + c0
-                cute.autovec_copy(z, cute.local_tile(mOut, (1, CPT), (r * QL + row // GROUP, qcol // CPT))[0, None])
-                if tidx == 0:
-                    set_error_bit(mErr, BAD_SEQ_LEN)
+            self.write_bad_length(mOut, mErr, request, kv_head, split, tidx)
         else:
-            # ---- the reduction tree of this request, from L and compile-time constants only
-            # (split_plan): ring steps of SP pages -> chunks (the steps cut evenly) -> subs of
-            # SUBC chunks -> nodes of 2 subs. CTA s = cl * CS + rank computes the CPC chunks from
-            # chunk s * CPC: wide, chunk s (rank of sub cl); deep, sub s (rank of node cl).
-            key_lo = Int32(0)
-            if const_expr(W > 0):
-                key_lo = cutlass.max(L - QL - W + 1, Int32(0))
-            first_page = key_lo // PAGE_SIZE
-            last_page = (L - 1) // PAGE_SIZE
-            n_steps = (last_page - first_page + SP) // SP
-            n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_steps // self.cfg.node_min_steps))
-            SUBC = self.SUBC
-            n_chunks = cutlass.min(2 * SUBC * n_nodes, n_steps)
-            n_subs = (n_chunks + SUBC - 1) // SUBC
-            n_nodes = (n_subs + 1) // 2
-            CS = self.CS
-            cl = s // CS
-            rank = s % CS
-            # chunk j covers steps [j * n_steps // n_chunks, (j + 1) * n_steps // n_chunks)
-            n_cl = n_nodes
-            if const_expr(WIDE):
-                n_cl = n_subs
-            c_lo = cutlass.min(s * self.CPC, n_chunks)
-            c_hi = cutlass.min(c_lo + self.CPC, n_chunks)
-            if cl < n_cl:
+            tree = self.reduction_tree(L, split)
+            if tree.cluster < tree.n_clusters:
                 # every CTA of a live cluster runs to the cluster barriers, even with no steps
-                k_begin = c_lo * n_steps // n_chunks
-                my_steps = c_hi * n_steps // n_chunks - k_begin
-                page_base = first_page + k_begin * SP
+                k_begin = tree.chunk_lo * tree.n_steps // tree.n_chunks
+                my_steps = tree.chunk_hi * tree.n_steps // tree.n_chunks - k_begin
+                page_base = tree.first_page + k_begin * self.pages_per_step
 
-                # ---- Q (row m = token*8 + head; rows >= MR zero): a wide CTA issued its loads with
-                # seq_len's; a deep one issues them now, before its page-table loads, and stores
-                # them to smem after those (the two latencies overlap)
-                if const_expr(not WIDE):
-                    _load_q(mY, qv, r, g, tidx, QL)
-
-                # ---- this CTA's page-table entries -> smem (one latency, not one per step); a wide
-                # CTA takes them from the guess of the first warp whose 32 entries cover them
-                width = mPT.shape[1]
-                n_pt = cutlass.min(my_steps * SP, Int32(PTMAX))
-                guess_w = Int32(-1)
-                if const_expr(WIDE):
-                    for w2 in cutlass.range_constexpr(2, -1, -1):
-                        off = page_base - (w2 + 1) * s * SP
-                        if Int32(off >= 0) * Int32(off + n_pt <= 32) != 0:
-                            guess_w = Int32(w2)
-                if guess_w >= 0:
-                    if w == guess_w:
-                        d = page_base - (w + 1) * s * SP
-                        phys = cute.arch.shuffle_sync(pt_guess, cutlass.min(lane + d, Int32(31)))
-                        if lane < n_pt:
-                            sPT[lane] = _pt_entry(page_base + lane, phys, last_page, width, num_pages, mErr)
-                else:
-                    for it in cutlass.range((n_pt + THREADS - 1) // THREADS, unroll=1):
-                        i_pt = it * THREADS + tidx
-                        if i_pt < n_pt:
-                            lp = page_base + i_pt
-                            phys = mPT[r, cutlass.min(lp, width - 1)]
-                            sPT[i_pt] = _pt_entry(lp, phys, last_page, width, num_pages, mErr)
-                for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
-                    ci = tidx + it * THREADS
-                    cute.autovec_copy(qv[None, it], cute.local_tile(sQ, (1, 8), (ci // 8, ci % 8))[0, None])
+                # ---- Q (row m = token*8 + head; rows >= self.rows zero): a wide CTA issued its
+                # loads with seq_len's; a deep one issues them now, before its page-table loads, and
+                # stores them to smem after those (the two latencies overlap)
+                if const_expr(not self.wide):
+                    _load_q(mY, qv, request, kv_head, tidx, self.q_len)
+                self.stage_page_table(mPT, sPT, mErr, tree, page_base, my_steps, pt_guess, num_pages,
+                                      request, split, tidx, warp, lane)
+                self.store_query(sQ, qv, tidx)
                 cute.arch.fence_view_async_shared()    # sQ (generic stores) -> wgmma (async proxy)
                 cute.arch.sync_threads()               # sQ, sPT and the mbarriers visible
 
-                # ---- TMA: pages of the ring (16, 64, SP * NST) against the cache's boxes
-                sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
-                sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
-                gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)
-                tKs, tKVg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sKp, 0, 2),
-                                                  cute.group_modes(gKV, 0, 2))
-                tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
-                                               cute.group_modes(gKV, 0, 2))
-                if w == 0:       # ring prologue: steps 0 .. NST-2
-                    for k0 in cutlass.range_constexpr(NST - 1):
-                        if k0 < my_steps:
-                            _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, g, Int32(k0), Int32(k0),
-                                       num_pages, SP, PTMAX)
+                tKVg, tKs, tVs = self.ring_prologue(tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT,
+                                                    kv_head, my_steps, num_pages, warp)
+                thr_pv, o_part, m_part, l_part = self.main_loop(
+                    tma_atom, tKVg, tKs, tVs, full, sQ, sK, sV, sPT, tree, L, k_begin, page_base, my_steps,
+                    kv_head, num_pages, scale_log2, tidx, warp, lane)
+                self.trigger_dependents(num_requests, kv_heads, tree.n_chunks, wave_ctas)
 
-                # ---- wgmma: S = Q K^T (A and B K-major in smem), O += P V (P in registers,
-                # V the MN-major B through a transposed view of the ring)
-                mma_qk = sm90_utils.make_trivial_tiled_mma(
-                    BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-                    Float32, (1, 1, 1), (M_TILE, NK))
-                mma_pv = sm90_utils.make_trivial_tiled_mma(
-                    BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
-                    Float32, (1, 1, 1), (M_TILE, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM)
-                thr_qk = mma_qk.get_slice(tidx)
-                thr_pv = mma_pv.get_slice(tidx)
-                atom_qk = cute.make_mma_atom(mma_qk.op)
-                atom_pv = cute.make_mma_atom(mma_pv.op)
-                sVt = cute.composition(sV, cute.make_ordered_layout((HEAD_DIM, NK, NST), order=(1, 0, 2)))
-                tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-                tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-                tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))
-                tSrS = cute.make_rmem_tensor(thr_qk.partition_shape_C((M_TILE, NK)), Float32)
-                tScS = thr_qk.partition_C(cute.make_identity_tensor((M_TILE, NK)))
-                tOrO = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
-                tOrO.fill(0.0)
-                tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((M_TILE, NK)))
-                tOrP32 = cute.recast_tensor(tOrP, Uint32)
-                row_max = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                row_sum = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                row_max.fill(NEG_BIG)
-                row_sum.fill(0.0)
-                corr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                chunk_end = Int32(0)     # ACC: local step index where the current chunk ends
-                if const_expr(ACC):
-                    # the CTA's partial = left fold of its chunks, starting as the identity I
-                    acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
-                    acc_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                    acc_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-                    fw = cute.make_rmem_tensor(cute.make_layout((2, 2), stride=(1, 2)), Float32)
-                    acc_o.fill(0.0)
-                    acc_m.fill(NEG_BIG)
-                    acc_l.fill(0.0)
-                    chunk_end = (c_lo + 1) * n_steps // n_chunks - k_begin
-                inv = cute.make_rmem_tensor(cute.make_layout(SP), Int32)
-
-                # visible keys of token t: [lo_t, pos_t]; every row of the CTA sees [lo_all, pos_min].
-                # Thread rows (wgmma C layout): 16 w + lane // 4 + 8 h, h = 0, 1, i.e. tokens 2w + h
-                # (rows >= MR are zero padding of q_len 1 and mirror its last token)
-                pos0 = L - QL
-                lo_all = Int32(0)
-                if const_expr(W > 0):
-                    lo_all = cutlass.max(L - W, Int32(0))
-                t0 = cutlass.min(2 * w, Int32(QL - 1))
-                t1 = cutlass.min(2 * w + 1, Int32(QL - 1))
-                tail_lo = L - (page_base * PAGE_SIZE)            # first row >= L, relative to the split
-                tail_hi = (last_page + 1 - page_base) * PAGE_SIZE
-
-                for k in cutlass.range(my_steps, unroll=1):
-                    st = k % NST
-                    # every warp is done with step k-1, so its stage may be refilled
-                    cute.arch.sync_threads()
-                    kn = k + NST - 1
-                    if w == 0:
-                        if kn < my_steps:
-                            _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, g, kn, kn % NST,
-                                       num_pages, SP, PTMAX)
-                    kbase = (page_base + k * SP) * PAGE_SIZE
-                    for p in cutlass.range_constexpr(SP):
-                        inv[p] = Int32(sPT[cutlass.min(k * SP + p, Int32(PTMAX - 1))] < 0)
-                    cute.arch.mbarrier_wait(full + st, (k // NST) % 2)
-
-                    # ---- the tail page's rows >= L: V rows zeroed (the cache holds anything
-                    # there, and 0 * NaN = NaN); their logits are masked below
-                    r_lo = tail_lo - k * NK
-                    if r_lo < NK:
-                        n_z = (cutlass.min(tail_hi - k * NK, Int32(NK)) - r_lo) * 8
-                        if tidx < n_z:
-                            zv = cute.make_rmem_tensor(cute.make_layout((1, 8)), BFloat16)
-                            zv.fill(0.0)
-                            cute.autovec_copy(zv, cute.local_tile(sV[None, None, st], (1, 8), (r_lo + tidx // 8, tidx % 8)))
-                        cute.arch.fence_view_async_shared()
-                        cute.arch.sync_threads()
-
-                    # ---- S = Q K^T (raw logits; the scale is folded into the exp)
-                    wgmma_group(atom_qk, tSrS, tSrQ, tSrK[None, None, None, st], True)
-
-                    # ---- masks on edge steps only (causal, window, tail, invalid pages)
-                    edge = Int32(kbase < lo_all + QL) + Int32(kbase + NK - 1 > pos0)
-                    for p in cutlass.range_constexpr(SP):
-                        edge = edge + inv[p]
-                    if edge != 0:
-                        for i in cutlass.range_constexpr(cute.size(tSrS)):
-                            key = kbase + tScS[i][1]
-                            tt = t0
-                            if const_expr((i // 2) % 2 == 1):
-                                tt = t1
-                            pos = pos0 + tt
-                            msk = Int32(key > pos) + inv[i // 8]      # C layout: column 8 (i // 4) + ..
-                            if const_expr(W > 0):
-                                msk = msk + Int32(key < pos - W + 1)
-                            if msk != 0:
-                                tSrS[i] = -math.inf
-
-                    # ---- online softmax (base 2), rows h = 0 (lane//4) and 1 (lane//4 + 8).
-                    # m is kept scaled (scale * log2 e > 0, so max commutes with it) and
-                    # p = ex2(fma(s, scale_log2, -m)): one FFMA + MUFU per logit. The running max
-                    # is lazy: it moves only when a logit exceeds it by more than RESCALE_SLACK
-                    # (so p <= 2^8, exact in fp32 and bf16 range), and O is rescaled only when a
-                    # row max of the warp moved (x * 1.0 == x, so skipping is exact). Softmax is
-                    # invariant to the reference point, so only rounding depends on the rule, and
-                    # the rule depends on the data alone (bits stay deterministic).
-                    moved = Int32(0)
-                    for h in cutlass.range_constexpr(2):
-                        mx = tSrS[2 * h]
-                        for i in cutlass.range_constexpr(cute.size(tSrS)):
-                            if const_expr((i // 2) % 2 == h and i != 2 * h):
-                                mx = cute.arch.fmax(mx, tSrS[i])
-                        mx = quad_max(mx) * scale_log2
-                        m_old = row_max[h]
-                        m_new = m_old
-                        if mx > m_old + RESCALE_SLACK:
-                            m_new = mx
-                        moved = moved + Int32(m_new != m_old)
-                        corr[h] = cute.math.exp2(m_old - m_new, fastmath=True)
-                        row_max[h] = m_new
-                        neg_m = -m_new
-                        psum = Float32(0.0)
-                        for i in cutlass.range_constexpr(cute.size(tSrS)):
-                            if const_expr((i // 2) % 2 == h):
-                                p = cute.math.exp2(cute.math.fma(tSrS[i], scale_log2, neg_m), fastmath=True)
-                                tSrS[i] = p
-                                psum = psum + p
-                        row_sum[h] = row_sum[h] * corr[h] + psum
-                    if cute.arch.vote_any_sync(moved != 0):
-                        for i in cutlass.range_constexpr(cute.size(tOrO)):
-                            tOrO[i] = tOrO[i] * corr[(i // 2) % 2]
-
-                    # ---- P -> bf16 A fragment (the C layout of S is the A layout of P V); O += P V
-                    for q in cutlass.range_constexpr(cute.size(tOrP32)):
-                        tOrP32[q] = pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
-                    wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, st], False)
-
-                    if const_expr(ACC):
-                        # ---- last step of a chunk: fold the chunk into the partial, restart from I.
-                        # The same _fold_w / _fold_v as a wide cluster's DSMEM fold, so the bits match.
-                        if k + 1 == chunk_end:
-                            c_lo = c_lo + 1
-                            chunk_end = (c_lo + 1) * n_steps // n_chunks - k_begin
-                            for h in cutlass.range_constexpr(2):
-                                l_chunk = quad_sum(row_sum[h])
-                                m_new, fw[h, 0], fw[h, 1] = _fold_w(acc_m[h], row_max[h])
-                                acc_l[h] = _fold_v(acc_l[h], fw[h, 0], l_chunk, fw[h, 1])
-                                acc_m[h] = m_new
-                                row_max[h] = NEG_BIG
-                                row_sum[h] = 0.0
-                            for i in cutlass.range_constexpr(cute.size(tOrO)):
-                                acc_o[i] = _fold_v(acc_o[i], fw[(i // 2) % 2, 0], tOrO[i], fw[(i // 2) % 2, 1])
-                                tOrO[i] = 0.0
-
-                # ---- PDL trigger: the next grid in the stream may launch now and wait in its
-                # griddepcontrol.wait (it reads nothing of ours before our grid is done), so its
-                # launch overlaps our merges. Only in wide grids of at most one working CTA per
-                # SM (estimated from this request's L): there the next grid's early CTAs take no
-                # SM slot that ours need. Measured (us, bench inputs, bench/RESULTS-archive.md
-                # seventh run): B=1 L=8192 7.64 against 8.28, B=1 L=512 4.32 against 4.73;
-                # B=8 L=2048 (256 CTAs) 9.50 against 9.84 in one process, 10.45-10.63 against
-                # 10.1 in another; B=4 L=16384 (1024 CTAs, ab.py) 24.46 against 23.92; deep
-                # grids slower (fifth run: B=32 L=4096 +4.5).
-                if const_expr(WIDE and self.cfg.pdl):
-                    if R * hkv * n_chunks <= wave_ctas:
-                        cute.arch.griddepcontrol_launch_dependents()
-                # ---- rows this CTA merges and writes: rank's RPR rows, TPRM threads x CPTM columns each
-                RPR, TPRM, CPTM = self.RPR, self.TPRM, self.CPTM
-                m_act = Int32(tidx < RPR * TPRM)
-                mrow = cutlass.min(rank * RPR + tidx // TPRM, Int32(MR - 1))
-                cm0 = (tidx % TPRM) * CPTM
-                row_g = r * QL + mrow // GROUP
-                qcol = (g * GROUP + mrow % GROUP) * HEAD_DIM + cm0
-                gate_col = (GROUP + 2) * HEAD_DIM * hkv + qcol
-                # gate issued now so its latency overlaps the merges
-                gt = cute.make_rmem_tensor(cute.make_layout(CPTM), BFloat16)
-                cute.autovec_copy(cute.local_tile(mY, (1, CPTM), (row_g, gate_col // CPTM))[0, None], gt)
+                my_rows = self.merge_rows(request, kv_head, tree.rank, tidx)
+                gate = self.load_gate(mY, my_rows, kv_heads)    # issued now: its latency overlaps the merges
                 cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
-
-                # ---- this CTA's partial (O, m, l) -> sX [64, 64]
-                # fp32, sXm [MR, 2]. sX lies over the K ring and, when that is smaller than 16 KB, the
-                # V ring allocated right after it (both 1 KB multiples; Attn2Config.create checks the
-                # size); rows >= MR are padding
-                sX = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=Float32),
-                                      cute.make_layout((M_TILE, HEAD_DIM), stride=(HEAD_DIM, 1)))
-                tOsX = thr_pv.partition_C(sX)
-                for i in cutlass.range_constexpr(cute.size(tOrO)):
-                    if const_expr(ACC):
-                        tOsX[i] = acc_o[i]
-                    else:
-                        tOsX[i] = tOrO[i]
-                for h in cutlass.range_constexpr(2):
-                    if const_expr(not ACC):
-                        pm = row_max[h]
-                        pl = quad_sum(row_sum[h])
-                    else:
-                        pm = acc_m[h]
-                        pl = acc_l[h]
-                    xrow = 16 * w + lane // 4 + 8 * h
-                    if lane % 4 == 0:
-                        if xrow < MR:
-                            sXm[xrow, 0] = pm
-                            sXm[xrow, 1] = pl
-
-                # ---- level 1 (DSMEM): rank c folds rows [c RPR, (c + 1) RPR) of the cluster's CS
-                # partials, in rank order, starting from I. Wide: the 8 chunks -> sub cl (chunks past
-                # the request's end are skipped, as a deep CTA never folds them). Deep: the 2 subs ->
-                # node cl (an empty sub is I and is folded, as the wide merge folds I for it).
-                om = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
-                om.fill(0.0)
-                m_g = Float32(NEG_BIG)
-                l_g = Float32(0.0)
-                cute.arch.cluster_arrive()       # release my sX / sXm to the cluster
+                sX = self.write_partial(sK, sXm, thr_pv, o_part, m_part, l_part, warp, lane)
+                m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, my_rows, tree)
+                writes_out = Int32(1)      # one cluster: its (only) node is the whole row
+                if tree.n_clusters > 1:
+                    writes_out, l_merged = self.merge_workspace(
+                        mWs, sFlag, my_rows, tree, m_merged, l_merged, o_merged, o_node,
+                        request, kv_head, num_requests, kv_heads, tidx)
+                if writes_out != 0:     # the single writer of these rows
+                    self.epilogue(mOut, gate, my_rows, o_merged, l_merged)
+                # my smem stays alive until every peer has read it (merge_cluster's relaxed arrive)
                 cute.arch.cluster_wait()
-                mj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
-                lj = cute.make_rmem_tensor(cute.make_layout(CS), Float32)
-                oj = cute.make_rmem_tensor(cute.make_layout((CPTM, CS), stride=(1, CPTM)), Float32)
-                xo = mrow * HEAD_DIM + cm0
-                for j in cutlass.range_constexpr(CS):      # every peer is alive until the 2nd barrier
-                    a_ml = cute.arch.map_dsmem_ptr(sXm.iterator + 2 * mrow, Int32(j)).toint()
-                    mj[j], lj[j] = ld_dsmem_f32x2(a_ml)
-                    a_o = cute.arch.map_dsmem_ptr(sX.iterator + xo, Int32(j)).toint()
-                    for q in cutlass.range_constexpr(CPTM // 4):
-                        oj[4 * q, j], oj[4 * q + 1, j], oj[4 * q + 2, j], oj[4 * q + 3, j] = \
-                            ld_dsmem_f32x4(a_o + 16 * q)
-                for j in cutlass.range_constexpr(CS):
-                    # wide: a chunk past the request's end leaves the fold as it is
-                    take = Int32(cl * SUBC + j < n_chunks)
-                    m_g, l_g = _fold_into(m_g, l_g, om, mj[j], lj[j], oj[None, j], take, WIDE)
-                # every load of a peer's smem issued above has returned (its value is used), so a
-                # relaxed arrive suffices to let the peers exit; the matching wait is the CTA's last
-                # step, so nothing below waits for the slowest peer's merge
-                cute.arch.cluster_arrive_relaxed()
-                onode = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)
-                o_zero = cute.make_rmem_tensor(cute.make_layout(CPTM), Float32)   # O of I
-                o_zero.fill(0.0)
-                if const_expr(WIDE):
-                    if n_subs == 1:
-                        # node 0 = fold(fold(I, sub 0), I): what a deep pair whose rank 1 is empty computes
-                        m_g, l_g = _node_into(onode, m_g, l_g, om, Float32(NEG_BIG), Float32(0.0), o_zero)
-                        for c in cutlass.range_constexpr(CPTM):
-                            om[c] = onode[c]
 
-                writes_out = Int32(1)      # n_cl == 1: the (only) node is the whole row
-                if n_cl > 1:
-                    # ---- level 2: my partial (node, or sub when wide) -> workspace slot cl of (r, g);
-                    # ticket per (request, KV head, rank); the last arriving cluster's CTA of this rank
-                    # merges the nodes of its rows in order
-                    SLOTS = self.SLOTS
-                    nslot = R * hkv * SLOTS
-                    wsf = cute.recast_ptr(mWs.iterator, dtype=Float32)
-                    gWO = cute.make_tensor(wsf, cute.make_layout((nslot, MR, HEAD_DIM),
-                                                                 stride=(MR * HEAD_DIM, HEAD_DIM, 1)))
-                    gWM = cute.make_tensor(wsf + nslot * MR * HEAD_DIM,
-                                           cute.make_layout((nslot, MR, 2), stride=(MR * 2, 2, 1)))
-                    # counters count back from the end of the workspace: their places do not move
-                    # with R, so one workspace serves calls of any batch size
-                    n_words = mWs.shape[0] // 4
-                    cnt_ptr = cute.recast_ptr(mWs.iterator, dtype=Uint32) + \
-                        (n_words - 1 - ((r * hkv + g) * SUB_CHUNKS + rank))
-                    slot0 = (r * hkv + g) * SLOTS
-                    if m_act != 0:
-                        cute.autovec_copy(om, cute.local_tile(gWO[slot0 + cl, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None])
-                        if tidx % TPRM == 0:
-                            gWM[slot0 + cl, mrow, 0] = m_g
-                            gWM[slot0 + cl, mrow, 1] = l_g
-                    # one release, the ticket's: an acq_rel atomic by one thread after the barrier
-                    # is cumulative over the CTA's writes that the barrier ordered before it (as
-                    # CUTLASS's barrier arrive). SASS: MEMBAR.GPU, ATOMG, CCTL.IVALL; a separate
-                    # fence.acq_rel before it added a second MEMBAR.GPU; a fence in every thread
-                    # cost ~8% of the issue stalls (measured: "membar")
-                    cute.arch.sync_threads()
-                    if tidx == 0:
-                        old = cute.arch.atomic_add(cnt_ptr, Uint32(1), sem="acq_rel", scope="gpu")
-                        last = Int32(old == Uint32(n_cl - 1))
-                        sFlag[0] = last
-                        if last != 0:
-                            cute.arch.atomic_exch(cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
-                    cute.arch.sync_threads()     # the ticket's acquire (thread 0) -> every thread
-                    writes_out = sFlag[0]
-                    if writes_out != 0:
-                        NPS = 2 if WIDE else 1          # partials per node
-                        NODES = self.NODES_MAX
-                        GRP = max(1, min(NODES, 32 // (CPTM * NPS)))   # nodes per group of loads
-                        # pass 1: M = the largest node max = the largest partial max (max is exact);
-                        # loads in independent groups, indices clamped (a repeat leaves the max as
-                        # is). With one group of nodes, M comes from pass 2's loads instead.
-                        CL_MAX = self.CL_MAX
-                        GM = min(CL_MAX, 8)
-                        mbuf = cute.make_rmem_tensor(cute.make_layout(GM), Float32)
-                        m_top = Float32(NEG_BIG)
-                        if n_nodes > GRP:
-                            for kg0 in cutlass.range_constexpr(0, CL_MAX, GM):
-                                if kg0 < n_cl:
-                                    for u in cutlass.range_constexpr(GM):
-                                        mbuf[u] = gWM[slot0 + cutlass.min(Int32(kg0 + u), n_cl - 1), mrow, 0]
-                                    for u in cutlass.range_constexpr(GM):
-                                        m_top = cute.arch.fmax(m_top, mbuf[u])
-                        # pass 2: the nodes in order, each weighted ex2(m - M); a wide merge first
-                        # folds each node from its two subs as a deep pair does
-                        l_g = Float32(0.0)
-                        om.fill(0.0)
-                        ok = cute.make_rmem_tensor(cute.make_layout((CPTM, NPS, GRP), stride=(1, CPTM, CPTM * NPS)), Float32)
-                        mlk = cute.make_rmem_tensor(cute.make_layout((2, NPS, GRP), stride=(1, 2, 2 * NPS)), Float32)
-                        for kg0 in cutlass.range_constexpr(0, NODES, GRP):
-                            if kg0 < n_nodes:
-                                for u in cutlass.range_constexpr(GRP):
-                                    for e in cutlass.range_constexpr(NPS):
-                                        kk = cutlass.min(Int32((kg0 + u) * NPS + e), n_cl - 1)
-                                        mlk[0, e, u] = gWM[slot0 + kk, mrow, 0]
-                                        mlk[1, e, u] = gWM[slot0 + kk, mrow, 1]
-                                        cute.autovec_copy(cute.local_tile(gWO[slot0 + kk, None, None], (1, CPTM), (mrow, tidx % TPRM))[0, None], ok[None, e, u])
-                                if const_expr(kg0 == 0):
-                                    if n_nodes <= GRP:    # the loads cover every partial
-                                        for u in cutlass.range_constexpr(GRP):
-                                            for e in cutlass.range_constexpr(NPS):
-                                                m_top = cute.arch.fmax(m_top, mlk[0, e, u])
-                                for u in cutlass.range_constexpr(GRP):
-                                    if const_expr(kg0 + u < NODES):
-                                        if kg0 + u < n_nodes:
-                                            m_n = mlk[0, 0, u]
-                                            l_n = mlk[1, 0, u]
-                                            for c in cutlass.range_constexpr(CPTM):
-                                                onode[c] = ok[c, 0, u]
-                                            if const_expr(WIDE):
-                                                if 2 * (kg0 + u) + 1 >= n_subs:   # the node's second sub is I
-                                                    mlk[0, 1, u] = NEG_BIG
-                                                    mlk[1, 1, u] = 0.0
-                                                    for c in cutlass.range_constexpr(CPTM):
-                                                        ok[c, 1, u] = 0.0
-                                                m_n, l_n = _node_into(onode, mlk[0, 0, u], mlk[1, 0, u], ok[None, 0, u],
-                                                                      mlk[0, 1, u], mlk[1, 1, u], ok[None, 1, u])
-                                            if n_nodes == 1:      # wide only: the node is the whole row
-                                                l_g = l_n
-                                                for c in cutlass.range_constexpr(CPTM):
-                                                    om[c] = onode[c]
-                                            else:
-                                                f = cute.math.exp2(sub_rn(m_n, m_top), fastmath=True)
-                                                l_g = fma_rn(l_n, f, l_g)
-                                                for c in cutlass.range_constexpr(CPTM):
-                                                    om[c] = fma_rn(onode[c], f, om[c])
+    # ---------------------------------------------------------------------------- phases
+    @cute.jit
+    def init_barriers(self, tma_atom: cute.CopyAtom, full, warp: Int32):
+        """Warp 0, before any global access: what needs no global data, the TMA descriptor (a
+        kernel parameter) prefetch and the init of the ring's mbarriers full[0 .. stages) (count
+        1: warp 0's expect_tx arrive), so the first KV load does not wait for them. The other
+        warps see them after the kernel's CTA barrier before ring_prologue."""
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_atom)
+            with cute.arch.elect_one():
+                for stage in cutlass.range_constexpr(self.stages):
+                    cute.arch.mbarrier_init(full + stage, 1)
+                cute.arch.mbarrier_init_fence()
 
-                # ---- epilogue (the single writer of these rows): o / l, norm, gate, out
-                if writes_out != 0:
-                    inv_l = cute.arch.rcp_approx(l_g)
-                    for c in cutlass.range_constexpr(CPTM):
-                        om[c] = om[c] * inv_l
-                    _epilogue(om, gt, mOut, row_g, qcol, m_act, CPTM, TPRM)
-                # my smem stays alive until every peer has read it (the relaxed arrive above)
-                cute.arch.cluster_wait()
+    @cute.jit
+    def load_query_and_guesses(self, mY: cute.Tensor, mPT: cute.Tensor, request: Int32, kv_head: Int32,
+                               split: Int32, tidx: Int32, warp: Int32, lane: Int32):
+        """Every thread, right after the PDL wait; returns (qv, pt_guess). Wide: issue what does
+        not need L together with L (one latency instead of three): Q (the CTA's rows of y, into
+        registers qv) and warp w < 3's guess pt_guess of the CTA's page-table entries, 32 from
+        step (w + 1) * split: chunk s starts at step s * steps // chunks, which one of them covers
+        when steps / chunks is close to 1, 2 or 3 (every L <= 1024 and L a multiple of 2048 up to
+        24576; 63% of the L up to 16384; split_plan). A guess, checked against L in
+        stage_page_table; measured 0.2-0.4 us faster at B=1 (L = 512, 6000, 8192). Deep: qv is
+        loaded later (after L) and pt_guess is -1."""
+        qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
+        pt_guess = Int32(-1)
+        if const_expr(self.wide):
+            _load_q(mY, qv, request, kv_head, tidx, self.q_len)
+            if warp < 3:
+                pt_guess = mPT[request, cutlass.min((warp + 1) * split * self.pages_per_step + lane,
+                                                    mPT.shape[1] - 1)]
+        return qv, pt_guess
+
+    @cute.jit
+    def write_bad_length(self, mOut: cute.Tensor, mErr: cute.Tensor, request: Int32, kv_head: Int32,
+                         split: Int32, tidx: Int32):
+        """L outside [q_len, max_seq_len]: split 0 (every thread) writes zero rows for the pair
+        and thread 0 sets error bit 1; no smem, no barrier (every CTA of the pair takes this path)."""
+        if split == 0:
+            threads_per_row = THREADS // self.rows
+            columns_per_thread = HEAD_DIM // threads_per_row
+            row = tidx // threads_per_row
+            c0 = (tidx % threads_per_row) * columns_per_thread
+            z = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), BFloat16)
+            z.fill(0.0)
+            qcol = (kv_head * GROUP + row % GROUP) * HEAD_DIM + c0
+            cute.autovec_copy(z, cute.local_tile(mOut, (1, columns_per_thread),
+                                                 (request * self.q_len + row // GROUP,
+                                                  qcol // columns_per_thread))[0, None])
+            if tidx == 0:
+                set_error_bit(mErr, BAD_SEQ_LEN)
+
+    @cute.jit
+    def reduction_tree(self, L: Int32, split: Int32) -> _Tree:
+        """The reduction tree of this request, from L and compile-time constants only
+        (split_plan): ring steps of pages_per_step pages -> chunks (the steps cut evenly) ->
+        subs of sub_chunks chunks -> nodes of 2 subs; and this CTA's place in it. CTA split =
+        cluster * cluster_size + rank computes the chunks_per_cta chunks from chunk split *
+        chunks_per_cta: wide, chunk split (rank of sub cluster); deep, sub split (rank of node
+        cluster). Chunk j covers steps [j * n_steps // n_chunks, (j + 1) * n_steps // n_chunks).
+        Pure arithmetic (every thread, same values)."""
+        pages_per_step = self.pages_per_step
+        key_lo = Int32(0)
+        if const_expr(self.window > 0):
+            key_lo = cutlass.max(L - self.q_len - self.window + 1, Int32(0))
+        first_page = key_lo // PAGE_SIZE
+        last_page = (L - 1) // PAGE_SIZE
+        n_steps = (last_page - first_page + pages_per_step) // pages_per_step
+        n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_steps // self.cfg.node_min_steps))
+        n_chunks = cutlass.min(2 * self.sub_chunks * n_nodes, n_steps)
+        n_subs = (n_chunks + self.sub_chunks - 1) // self.sub_chunks
+        n_nodes = (n_subs + 1) // 2
+        cluster_size = self.cluster_size
+        cluster = split // cluster_size
+        rank = split % cluster_size
+        n_clusters = n_nodes
+        if const_expr(self.wide):
+            n_clusters = n_subs
+        chunk_lo = cutlass.min(split * self.chunks_per_cta, n_chunks)
+        chunk_hi = cutlass.min(chunk_lo + self.chunks_per_cta, n_chunks)
+        return _Tree(first_page, last_page, n_steps, n_chunks, n_subs, n_nodes, cluster, rank, n_clusters,
+                     chunk_lo, chunk_hi)
+
+    @cute.jit
+    def stage_page_table(self, mPT: cute.Tensor, sPT: cute.Tensor, mErr: cute.Tensor, tree: _Tree,
+                         page_base: Int32, my_steps: Int32, pt_guess: Int32, num_pages: Int32,
+                         request: Int32, split: Int32, tidx: Int32, warp: Int32, lane: Int32):
+        """This CTA's page-table entries -> sPT[0 .. min(my_steps * pages_per_step,
+        page_table_max)) (one latency, not one per step), each the physical page or -1 past the
+        last page or where invalid (error bit 2; _pt_entry). A wide CTA takes them from the guess
+        of the first warp whose 32 entries cover them (that warp's lanes store), else every
+        thread loads its share from the page table. No barrier: the caller's CTA barrier
+        publishes sPT before ring_prologue / main_loop read it."""
+        pages_per_step = self.pages_per_step
+        width = mPT.shape[1]
+        n_pt = cutlass.min(my_steps * pages_per_step, Int32(self.page_table_max))
+        guess_warp = Int32(-1)
+        if const_expr(self.wide):
+            for guess in cutlass.range_constexpr(2, -1, -1):
+                off = page_base - (guess + 1) * split * pages_per_step
+                if Int32(off >= 0) * Int32(off + n_pt <= 32) != 0:
+                    guess_warp = Int32(guess)
+        if guess_warp >= 0:
+            if warp == guess_warp:
+                d = page_base - (warp + 1) * split * pages_per_step
+                phys = cute.arch.shuffle_sync(pt_guess, cutlass.min(lane + d, Int32(31)))
+                if lane < n_pt:
+                    sPT[lane] = _pt_entry(page_base + lane, phys, tree.last_page, width, num_pages, mErr)
+        else:
+            for it in cutlass.range((n_pt + THREADS - 1) // THREADS, unroll=1):
+                i_pt = it * THREADS + tidx
+                if i_pt < n_pt:
+                    lp = page_base + i_pt
+                    phys = mPT[request, cutlass.min(lp, width - 1)]
+                    sPT[i_pt] = _pt_entry(lp, phys, tree.last_page, width, num_pages, mErr)
+
+    @cute.jit
+    def store_query(self, sQ: cute.Tensor, qv: cute.Tensor, tidx: Int32):
+        """Every thread: its Q pieces qv (_load_q) -> sQ (generic stores; the caller fences them
+        for the async proxy of wgmma and publishes them with a CTA barrier)."""
+        for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
+            ci = tidx + it * THREADS
+            cute.autovec_copy(qv[None, it], cute.local_tile(sQ, (1, 8), (ci // 8, ci % 8))[0, None])
+
+    @cute.jit
+    def ring_prologue(self, tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
+                      sPages_layout: cute.ComposedLayout, full, sPT: cute.Tensor, kv_head: Int32,
+                      my_steps: Int32, num_pages: Int32, warp: Int32):
+        """The TMA partitions of the ring, pages (16, 64, pages_per_step * stages) against the
+        cache's boxes; returns (tKVg, tKs, tVs). Warp 0 issues the ring prologue, steps 0 ..
+        stages - 2 (those < my_steps), each completing on full[step]; needs sPT published."""
+        sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
+        sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
+        gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)
+        tKs, tKVg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sKp, 0, 2),
+                                          cute.group_modes(gKV, 0, 2))
+        tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
+                                       cute.group_modes(gKV, 0, 2))
+        if warp == 0:
+            for k0 in cutlass.range_constexpr(self.stages - 1):
+                if k0 < my_steps:
+                    _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, Int32(k0), Int32(k0),
+                               num_pages, self.pages_per_step, self.page_table_max)
+        return tKVg, tKs, tVs
+
+    @cute.jit
+    def main_loop(self, tma_atom: cute.CopyAtom, tKVg: cute.Tensor, tKs: cute.Tensor, tVs: cute.Tensor, full,
+                  sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, sPT: cute.Tensor, tree: _Tree, L: Int32,
+                  k_begin: Int32, page_base: Int32, my_steps: Int32, kv_head: Int32, num_pages: Int32,
+                  scale_log2: Float32, tidx: Int32, warp: Int32, lane: Int32):
+        """Every thread: the my_steps ring steps of this CTA's chunks, S = Q K^T, masks, online
+        softmax, O += P V; with second_accumulator each chunk is folded into (acc_o, acc_m,
+        acc_l) at its last step. Returns (thr_pv, O, m, l) of the CTA's partial: (tOrO, row_max,
+        row_sum) with l per lane (not yet summed over the quad), or the second accumulator's
+        (acc_o, acc_m, acc_l) with l summed. Expects sQ, sPT and the mbarriers published and the
+        ring prologue issued; warp 0 keeps stages - 1 steps in flight (a CTA barrier per step
+        frees the stage read in the step before). On return the last wgmma groups were waited
+        for, but other warps may still read the ring: a CTA barrier must precede its reuse."""
+        q_len = self.q_len
+        window = self.window
+        keys_per_step = self.keys_per_step
+        stages = self.stages
+        # ---- wgmma: S = Q K^T (A and B K-major in smem), O += P V (P in registers,
+        # V the MN-major B through a transposed view of the ring)
+        mma_qk = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            Float32, (1, 1, 1), (M_TILE, keys_per_step))
+        mma_pv = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            Float32, (1, 1, 1), (M_TILE, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM)
+        thr_qk = mma_qk.get_slice(tidx)
+        thr_pv = mma_pv.get_slice(tidx)
+        atom_qk = cute.make_mma_atom(mma_qk.op)
+        atom_pv = cute.make_mma_atom(mma_pv.op)
+        sVt = cute.composition(sV, cute.make_ordered_layout((HEAD_DIM, keys_per_step, stages), order=(1, 0, 2)))
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))
+        tSrS = cute.make_rmem_tensor(thr_qk.partition_shape_C((M_TILE, keys_per_step)), Float32)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((M_TILE, keys_per_step)))
+        tOrO = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
+        tOrO.fill(0.0)
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((M_TILE, keys_per_step)))
+        tOrP32 = cute.recast_tensor(tOrP, Uint32)
+        row_max = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_sum = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_max.fill(NEG_BIG)
+        row_sum.fill(0.0)
+        corr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        o_part, m_part, l_part = tOrO, row_max, row_sum
+        chunk_lo = tree.chunk_lo
+        chunk_end = Int32(0)     # second_accumulator: local step index where the current chunk ends
+        if const_expr(self.second_accumulator):
+            # the CTA's partial = left fold of its chunks, starting as the identity I
+            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((M_TILE, HEAD_DIM)), Float32)
+            acc_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+            acc_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+            fw = cute.make_rmem_tensor(cute.make_layout((2, 2), stride=(1, 2)), Float32)
+            acc_o.fill(0.0)
+            acc_m.fill(NEG_BIG)
+            acc_l.fill(0.0)
+            chunk_end = (chunk_lo + 1) * tree.n_steps // tree.n_chunks - k_begin
+            o_part, m_part, l_part = acc_o, acc_m, acc_l
+        inv = cute.make_rmem_tensor(cute.make_layout(self.pages_per_step), Int32)
+
+        # visible keys of token t: [lo_t, pos_t]; every row of the CTA sees [lo_all, pos_min].
+        # Thread rows (wgmma C layout): 16 warp + lane // 4 + 8 h, h = 0, 1, i.e. tokens 2 warp + h
+        # (rows >= self.rows are zero padding of q_len 1 and mirror its last token)
+        pos0 = L - q_len
+        lo_all = Int32(0)
+        if const_expr(window > 0):
+            lo_all = cutlass.max(L - window, Int32(0))
+        t0 = cutlass.min(2 * warp, Int32(q_len - 1))
+        t1 = cutlass.min(2 * warp + 1, Int32(q_len - 1))
+        tail_lo = L - (page_base * PAGE_SIZE)            # first row >= L, relative to the split
+        tail_hi = (tree.last_page + 1 - page_base) * PAGE_SIZE
+
+        for k in cutlass.range(my_steps, unroll=1):
+            stage = k % stages
+            # every warp is done with step k-1, so its stage may be refilled
+            cute.arch.sync_threads()
+            k_next = k + stages - 1
+            if warp == 0:
+                if k_next < my_steps:
+                    _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, k_next, k_next % stages,
+                               num_pages, self.pages_per_step, self.page_table_max)
+            kbase = (page_base + k * self.pages_per_step) * PAGE_SIZE
+            for p in cutlass.range_constexpr(self.pages_per_step):
+                inv[p] = Int32(sPT[cutlass.min(k * self.pages_per_step + p, Int32(self.page_table_max - 1))] < 0)
+            cute.arch.mbarrier_wait(full + stage, (k // stages) % 2)
+            self.zero_tail_rows(sV, stage, k, tail_lo, tail_hi, tidx)
+
+            # ---- S = Q K^T (raw logits; the scale is folded into the exp)
+            wgmma_group(atom_qk, tSrS, tSrQ, tSrK[None, None, None, stage], True)
+            self.mask_logits(tSrS, tScS, inv, kbase, lo_all, pos0, t0, t1)
+            self.online_softmax(tSrS, tOrO, row_max, row_sum, corr, scale_log2)
+
+            # ---- P -> bf16 A fragment (the C layout of S is the A layout of P V); O += P V
+            for q in cutlass.range_constexpr(cute.size(tOrP32)):
+                tOrP32[q] = pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
+            wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, stage], False)
+
+            if const_expr(self.second_accumulator):
+                if k + 1 == chunk_end:
+                    chunk_lo, chunk_end = self.fold_chunk(tOrO, row_max, row_sum, acc_o, acc_m, acc_l, fw,
+                                                          chunk_lo, tree, k_begin)
+        return thr_pv, o_part, m_part, l_part
+
+    @cute.jit
+    def zero_tail_rows(self, sV: cute.Tensor, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32,
+                       tidx: Int32):
+        """Step k, after its stage landed: the tail page's V rows >= L zeroed in smem (the cache
+        holds anything there, and 0 * NaN = NaN; their logits are masked in mask_logits), then a
+        proxy fence and a CTA barrier (every thread) before the P V wgmma reads them. Only on the
+        step that holds rows >= L."""
+        keys_per_step = self.keys_per_step
+        r_lo = tail_lo - k * keys_per_step
+        if r_lo < keys_per_step:
+            n_z = (cutlass.min(tail_hi - k * keys_per_step, Int32(keys_per_step)) - r_lo) * 8
+            if tidx < n_z:
+                zv = cute.make_rmem_tensor(cute.make_layout((1, 8)), BFloat16)
+                zv.fill(0.0)
+                cute.autovec_copy(zv, cute.local_tile(sV[None, None, stage], (1, 8), (r_lo + tidx // 8, tidx % 8)))
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_threads()
+
+    @cute.jit
+    def mask_logits(self, tSrS: cute.Tensor, tScS: cute.Tensor, inv: cute.Tensor, kbase: Int32,
+                    lo_all: Int32, pos0: Int32, t0: Int32, t1: Int32):
+        """Masks (causal, window, tail, invalid pages) of the step's logits tSrS to -inf, on edge
+        steps only: a step whose keys [kbase, kbase + keys_per_step) all lie in every row's
+        visible range and whose pages are all valid (inv, 1 per invalid page) is left as is."""
+        edge = Int32(kbase < lo_all + self.q_len) + Int32(kbase + self.keys_per_step - 1 > pos0)
+        for p in cutlass.range_constexpr(self.pages_per_step):
+            edge = edge + inv[p]
+        if edge != 0:
+            for i in cutlass.range_constexpr(cute.size(tSrS)):
+                key = kbase + tScS[i][1]
+                tt = t0
+                if const_expr((i // 2) % 2 == 1):
+                    tt = t1
+                pos = pos0 + tt
+                msk = Int32(key > pos) + inv[i // 8]      # C layout: column 8 (i // 4) + ..
+                if const_expr(self.window > 0):
+                    msk = msk + Int32(key < pos - self.window + 1)
+                if msk != 0:
+                    tSrS[i] = -math.inf
+
+    @cute.jit
+    def online_softmax(self, tSrS: cute.Tensor, tOrO: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
+                       corr: cute.Tensor, scale_log2: Float32):
+        """Online softmax (base 2) of one step, rows h = 0 (lane//4) and 1 (lane//4 + 8): the logits
+        tSrS become p, row_max / row_sum move, and tOrO is rescaled by corr where a row max of
+        the warp moved. m is kept scaled (scale * log2 e > 0, so max commutes with it) and
+        p = ex2(fma(s, scale_log2, -m)): one FFMA + MUFU per logit. The running max is lazy: it
+        moves only when a logit exceeds it by more than RESCALE_SLACK (so p <= 2^8, exact in
+        fp32 and bf16 range), and O is rescaled only when a row max of the warp moved (x * 1.0
+        == x, so skipping is exact). Softmax is invariant to the reference point, so only
+        rounding depends on the rule, and the rule depends on the data alone (bits stay
+        deterministic)."""
+        moved = Int32(0)
+        for h in cutlass.range_constexpr(2):
+            mx = tSrS[2 * h]
+            for i in cutlass.range_constexpr(cute.size(tSrS)):
+                if const_expr((i // 2) % 2 == h and i != 2 * h):
+                    mx = cute.arch.fmax(mx, tSrS[i])
+            mx = quad_max(mx) * scale_log2
+            m_old = row_max[h]
+            m_new = m_old
+            if mx > m_old + RESCALE_SLACK:
+                m_new = mx
+            moved = moved + Int32(m_new != m_old)
+            corr[h] = cute.math.exp2(m_old - m_new, fastmath=True)
+            row_max[h] = m_new
+            neg_m = -m_new
+            psum = Float32(0.0)
+            for i in cutlass.range_constexpr(cute.size(tSrS)):
+                if const_expr((i // 2) % 2 == h):
+                    p = cute.math.exp2(cute.math.fma(tSrS[i], scale_log2, neg_m), fastmath=True)
+                    tSrS[i] = p
+                    psum = psum + p
+            row_sum[h] = row_sum[h] * corr[h] + psum
+        if cute.arch.vote_any_sync(moved != 0):
+            for i in cutlass.range_constexpr(cute.size(tOrO)):
+                tOrO[i] = tOrO[i] * corr[(i // 2) % 2]
+
+    @cute.jit
+    def fold_chunk(self, tOrO: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, acc_o: cute.Tensor,
+                   acc_m: cute.Tensor, acc_l: cute.Tensor, fw: cute.Tensor, chunk_lo: Int32, tree: _Tree,
+                   k_begin: Int32):
+        """second_accumulator, at the last step of chunk chunk_lo (after its P V wgmma was waited
+        for): fold the chunk (tOrO, row_max, row_sum) into the partial (acc_o, acc_m, acc_l) and
+        restart the chunk from I. The same _fold_w / _fold_v as a wide cluster's DSMEM fold, so
+        the bits match. Returns (chunk_lo, chunk_end) of the next chunk."""
+        chunk_lo = chunk_lo + 1
+        chunk_end = (chunk_lo + 1) * tree.n_steps // tree.n_chunks - k_begin
+        for h in cutlass.range_constexpr(2):
+            l_chunk = quad_sum(row_sum[h])
+            m_new, fw[h, 0], fw[h, 1] = _fold_w(acc_m[h], row_max[h])
+            acc_l[h] = _fold_v(acc_l[h], fw[h, 0], l_chunk, fw[h, 1])
+            acc_m[h] = m_new
+            row_max[h] = NEG_BIG
+            row_sum[h] = 0.0
+        for i in cutlass.range_constexpr(cute.size(tOrO)):
+            acc_o[i] = _fold_v(acc_o[i], fw[(i // 2) % 2, 0], tOrO[i], fw[(i // 2) % 2, 1])
+            tOrO[i] = 0.0
+        return chunk_lo, chunk_end
+
+    @cute.jit
+    def trigger_dependents(self, num_requests: Int32, kv_heads: Int32, n_chunks: Int32, ctas_per_wave: Int32):
+        """PDL trigger, after the main loop: the next grid in the stream may launch now and wait
+        in its griddepcontrol.wait (it reads nothing of ours before our grid is done), so its
+        launch overlaps our merges. Only in wide grids of at most one working CTA per SM
+        (estimated from this request's L): there the next grid's early CTAs take no SM slot that
+        ours need. Measured (bench/RESULTS-archive.md, seventh run): faster at B=1 (L=8192 7.64
+        against 8.28 us; L=512), mixed at B=8 L=2048, slower at B=4 L=16384 (1024 CTAs) and in
+        deep grids (fifth run)."""
+        if const_expr(self.wide and self.cfg.pdl):
+            if num_requests * kv_heads * n_chunks <= ctas_per_wave:
+                cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def merge_rows(self, request: Int32, kv_head: Int32, rank: Int32, tidx: Int32) -> _MyRows:
+        """The rows this CTA merges and writes: its rank's rows_per_rank rows, threads_per_row
+        threads x columns_per_thread columns each (threads past them, active = 0, compute a
+        duplicate of a clamped row and write nothing)."""
+        rows_per_rank, threads_per_row = self.rows_per_rank, self.threads_per_row
+        active = Int32(tidx < rows_per_rank * threads_per_row)
+        row = cutlass.min(rank * rows_per_rank + tidx // threads_per_row, Int32(self.rows - 1))
+        col0 = (tidx % threads_per_row) * self.columns_per_thread
+        out_row = request * self.q_len + row // GROUP
+        out_col = (kv_head * GROUP + row % GROUP) * HEAD_DIM + col0
+        return _MyRows(active, row, col0, out_row, out_col)
+
+    @cute.jit
+    def load_gate(self, mY: cute.Tensor, my_rows: _MyRows, kv_heads: Int32) -> cute.Tensor:
+        """This thread's columns_per_thread gate values (bf16, from y) of its row, into registers."""
+        columns_per_thread = self.columns_per_thread
+        gate_col = (GROUP + 2) * HEAD_DIM * kv_heads + my_rows.out_col
+        gate = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), BFloat16)
+        cute.autovec_copy(cute.local_tile(mY, (1, columns_per_thread),
+                                          (my_rows.out_row, gate_col // columns_per_thread))[0, None], gate)
+        return gate
+
+    @cute.jit
+    def write_partial(self, sK: cute.Tensor, sXm: cute.Tensor, thr_pv: cute.ThrMma, o_part: cute.Tensor,
+                      m_part: cute.Tensor, l_part: cute.Tensor, warp: Int32, lane: Int32) -> cute.Tensor:
+        """Every thread, after a CTA barrier (no wgmma reads the rings any more): this CTA's
+        partial (O, m, l) of main_loop -> sX [64, 64] fp32 and sXm [rows, 2] (l summed over the
+        quad here when main_loop left it per lane); returns sX. sX lies over the K ring and, when
+        that is smaller than 16 KB, the V ring allocated right after it (both 1 KB multiples;
+        Attn2Config.create checks the size); rows >= self.rows are padding. Published to the cluster
+        by merge_cluster's barrier."""
+        sX = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=Float32),
+                              cute.make_layout((M_TILE, HEAD_DIM), stride=(HEAD_DIM, 1)))
+        tOsX = thr_pv.partition_C(sX)
+        for i in cutlass.range_constexpr(cute.size(o_part)):
+            tOsX[i] = o_part[i]
+        for h in cutlass.range_constexpr(2):
+            m_h = m_part[h]
+            if const_expr(self.second_accumulator):
+                l_h = l_part[h]
+            else:
+                l_h = quad_sum(l_part[h])
+            row = 16 * warp + lane // 4 + 8 * h
+            if lane % 4 == 0:
+                if row < self.rows:
+                    sXm[row, 0] = m_h
+                    sXm[row, 1] = l_h
+        return sX
+
+    @cute.jit
+    def merge_cluster(self, sX: cute.Tensor, sXm: cute.Tensor, my_rows: _MyRows, tree: _Tree):
+        """Level 1 (DSMEM), every thread of every CTA of the cluster: after a cluster barrier
+        (which publishes every peer's sX / sXm), rank c folds its rows [c rows_per_rank, (c + 1)
+        rows_per_rank) of the cluster's cluster_size partials, in rank order, starting from I.
+        Wide: the chunks -> sub `cluster` (chunks past the request's end are skipped, as a deep
+        CTA never folds them), and a lone sub becomes node 0 = fold(fold(I, sub 0), I). Deep: the
+        2 subs -> node `cluster` (an empty sub is I and is folded, as the wide merge folds I for
+        it). Ends with the relaxed arrive of the second cluster barrier, whose wait is the
+        kernel's last step. Returns (m, l, o) of this thread's row and columns, and o_node, a
+        scratch row for merge_workspace."""
+        cluster_size = self.cluster_size
+        columns_per_thread = self.columns_per_thread
+        o_merged = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
+        o_merged.fill(0.0)
+        m_merged = Float32(NEG_BIG)
+        l_merged = Float32(0.0)
+        cute.arch.cluster_arrive()       # release my sX / sXm to the cluster
+        cute.arch.cluster_wait()
+        m_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
+        l_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
+        o_peer = cute.make_rmem_tensor(cute.make_layout((columns_per_thread, cluster_size),
+                                                        stride=(1, columns_per_thread)), Float32)
+        o_offset = my_rows.row * HEAD_DIM + my_rows.col0
+        for j in cutlass.range_constexpr(cluster_size):      # every peer is alive until the 2nd barrier
+            a_ml = cute.arch.map_dsmem_ptr(sXm.iterator + 2 * my_rows.row, Int32(j)).toint()
+            m_peer[j], l_peer[j] = ld_dsmem_f32x2(a_ml)
+            a_o = cute.arch.map_dsmem_ptr(sX.iterator + o_offset, Int32(j)).toint()
+            for q in cutlass.range_constexpr(columns_per_thread // 4):
+                o_peer[4 * q, j], o_peer[4 * q + 1, j], o_peer[4 * q + 2, j], o_peer[4 * q + 3, j] = \
+                    ld_dsmem_f32x4(a_o + 16 * q)
+        for j in cutlass.range_constexpr(cluster_size):
+            # wide: a chunk past the request's end leaves the fold as it is
+            take = Int32(tree.cluster * self.sub_chunks + j < tree.n_chunks)
+            m_merged, l_merged = _fold_into(m_merged, l_merged, o_merged, m_peer[j], l_peer[j], o_peer[None, j],
+                                            take, self.wide)
+        # every load of a peer's smem issued above has returned (its value is used), so a
+        # relaxed arrive suffices to let the peers exit; the matching wait is the CTA's last
+        # step, so nothing after this waits for the slowest peer's merge
+        cute.arch.cluster_arrive_relaxed()
+        o_node = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
+        o_zero = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)   # O of I
+        o_zero.fill(0.0)
+        if const_expr(self.wide):
+            if tree.n_subs == 1:
+                # node 0 = fold(fold(I, sub 0), I): what a deep pair whose rank 1 is empty computes
+                m_merged, l_merged = _node_into(o_node, m_merged, l_merged, o_merged,
+                                                Float32(NEG_BIG), Float32(0.0), o_zero)
+                for c in cutlass.range_constexpr(columns_per_thread):
+                    o_merged[c] = o_node[c]
+        return m_merged, l_merged, o_merged, o_node
+
+    @cute.jit
+    def merge_workspace(self, mWs: cute.Tensor, sFlag: cute.Tensor, my_rows: _MyRows, tree: _Tree,
+                        m_merged: Float32, l_merged: Float32, o_merged: cute.Tensor, o_node: cute.Tensor,
+                        request: Int32, kv_head: Int32, num_requests: Int32, kv_heads: Int32, tidx: Int32):
+        """Level 2 (more than one cluster), every thread: my partial (node, or sub when wide) of
+        my rows -> workspace slot `cluster` of (request, KV head); a ticket per (request, KV head,
+        rank); the last arriving cluster's CTA of this rank resets the counter and merges the
+        partials of its rows (fold_workspace). Returns (writes_out, l): writes_out = 1 in that
+        CTA only (then o_merged and l hold the merged rows), 0 elsewhere. Uses sFlag and two CTA
+        barriers."""
+        rows, columns_per_thread, threads_per_row = self.rows, self.columns_per_thread, self.threads_per_row
+        nslot = num_requests * kv_heads * self.slots
+        wsf = cute.recast_ptr(mWs.iterator, dtype=Float32)
+        gWO = cute.make_tensor(wsf, cute.make_layout((nslot, rows, HEAD_DIM), stride=(rows * HEAD_DIM, HEAD_DIM, 1)))
+        gWM = cute.make_tensor(wsf + nslot * rows * HEAD_DIM,
+                               cute.make_layout((nslot, rows, 2), stride=(rows * 2, 2, 1)))
+        # counters count back from the end of the workspace: their places do not move
+        # with R, so one workspace serves calls of any batch size
+        n_words = mWs.shape[0] // 4
+        cnt_ptr = cute.recast_ptr(mWs.iterator, dtype=Uint32) + \
+            (n_words - 1 - ((request * kv_heads + kv_head) * SUB_CHUNKS + tree.rank))
+        slot0 = (request * kv_heads + kv_head) * self.slots
+        if my_rows.active != 0:
+            cute.autovec_copy(o_merged, cute.local_tile(gWO[slot0 + tree.cluster, None, None], (1, columns_per_thread),
+                                                        (my_rows.row, tidx % threads_per_row))[0, None])
+            if tidx % threads_per_row == 0:
+                gWM[slot0 + tree.cluster, my_rows.row, 0] = m_merged
+                gWM[slot0 + tree.cluster, my_rows.row, 1] = l_merged
+        # one release, the ticket's: an acq_rel atomic by one thread after the barrier
+        # is cumulative over the CTA's writes that the barrier ordered before it (as
+        # CUTLASS's barrier arrive). SASS: MEMBAR.GPU, ATOMG, CCTL.IVALL; a separate
+        # fence.acq_rel before it added a second MEMBAR.GPU; a fence in every thread
+        # cost ~8% of the issue stalls (measured: "membar")
+        cute.arch.sync_threads()
+        if tidx == 0:
+            old = cute.arch.atomic_add(cnt_ptr, Uint32(1), sem="acq_rel", scope="gpu")
+            last = Int32(old == Uint32(tree.n_clusters - 1))
+            sFlag[0] = last
+            if last != 0:
+                cute.arch.atomic_exch(cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
+        cute.arch.sync_threads()     # the ticket's acquire (thread 0) -> every thread
+        writes_out = sFlag[0]
+        if writes_out != 0:
+            l_merged = self.fold_workspace(gWO, gWM, slot0, my_rows, tree, l_merged, o_merged, o_node, tidx)
+        return writes_out, l_merged
+
+    @cute.jit
+    def fold_workspace(self, gWO: cute.Tensor, gWM: cute.Tensor, slot0: Int32, my_rows: _MyRows, tree: _Tree,
+                       l_merged: Float32, o_merged: cute.Tensor, o_node: cute.Tensor, tidx: Int32) -> Float32:
+        """The last arriving CTA of a rank, every thread: the flat sum of the nodes of its rows
+        from the workspace slots slot0 .. slot0 + n_clusters, into o_merged; returns l. Pass 1:
+        M = the largest node max = the largest partial max (max is exact); pass 2: the nodes in
+        order, each weighted ex2(m - M) (add_node). Loads go in groups of nodes_per_group nodes
+        (indices clamped), independent of the folds, so their latencies overlap."""
+        partials_per_node, nodes_per_group = self._workspace_groups()
+        nodes_max = self.nodes_max
+        # pass 1; with one group of nodes, M comes from pass 2's loads instead
+        m_loads = cute.make_rmem_tensor(cute.make_layout(min(self.max_clusters, 8)), Float32)
+        m_top = Float32(NEG_BIG)
+        m_top = self.largest_max(gWM, slot0, my_rows, tree, m_loads, m_top)
+        # pass 2: the nodes in order, each weighted ex2(m - M); a wide merge first
+        # folds each node from its two subs as a deep pair does
+        l_merged = Float32(0.0)
+        o_merged.fill(0.0)
+        columns_per_thread = self.columns_per_thread
+        o_loads = cute.make_rmem_tensor(cute.make_layout((columns_per_thread, partials_per_node, nodes_per_group),
+                                                         stride=(1, columns_per_thread,
+                                                                 columns_per_thread * partials_per_node)), Float32)
+        ml_loads = cute.make_rmem_tensor(cute.make_layout((2, partials_per_node, nodes_per_group),
+                                                          stride=(1, 2, 2 * partials_per_node)), Float32)
+        for group0 in cutlass.range_constexpr(0, nodes_max, nodes_per_group):
+            if group0 < tree.n_nodes:
+                self.load_node_group(gWO, gWM, slot0, my_rows, tree, o_loads, ml_loads, group0, tidx)
+                if const_expr(group0 == 0):
+                    m_top = self.max_of_first_group(ml_loads, tree, m_top)
+                for u in cutlass.range_constexpr(min(nodes_per_group, nodes_max - group0)):
+                    if group0 + u < tree.n_nodes:
+                        l_merged = self.add_node(ml_loads, o_loads, u, group0 + u, tree, m_top, l_merged,
+                                                 o_merged, o_node)
+        return l_merged
+
+    def _workspace_groups(self):
+        """(partials per node, nodes per group of loads) of fold_workspace: compile-time ints."""
+        partials_per_node = 2 if self.wide else 1
+        nodes_per_group = max(1, min(self.nodes_max, 32 // (self.columns_per_thread * partials_per_node)))
+        return partials_per_node, nodes_per_group
+
+    @cute.jit
+    def largest_max(self, gWM: cute.Tensor, slot0: Int32, my_rows: _MyRows, tree: _Tree, m_loads: cute.Tensor,
+                    m_top: Float32) -> Float32:
+        """Pass 1 of fold_workspace, when the nodes span more than one group of loads: the largest
+        partial max of my row over the n_clusters slots, loaded in independent groups (indices
+        clamped: a repeat leaves the max as is). Returns m_top (unchanged otherwise)."""
+        max_clusters = self.max_clusters
+        maxes_per_group = min(max_clusters, 8)
+        if tree.n_nodes > self._workspace_groups()[1]:
+            for group0 in cutlass.range_constexpr(0, max_clusters, maxes_per_group):
+                if group0 < tree.n_clusters:
+                    for u in cutlass.range_constexpr(maxes_per_group):
+                        m_loads[u] = gWM[slot0 + cutlass.min(Int32(group0 + u), tree.n_clusters - 1), my_rows.row, 0]
+                    for u in cutlass.range_constexpr(maxes_per_group):
+                        m_top = cute.arch.fmax(m_top, m_loads[u])
+        return m_top
+
+    @cute.jit
+    def load_node_group(self, gWO: cute.Tensor, gWM: cute.Tensor, slot0: Int32, my_rows: _MyRows, tree: _Tree,
+                        o_loads: cute.Tensor, ml_loads: cute.Tensor, group0: cutlass.Constexpr[int], tidx: Int32):
+        """Pass 2 of fold_workspace: the partials (m, l, O of my row and columns) of the nodes
+        group0 .. group0 + nodes_per_group into ml_loads / o_loads (slot indices clamped)."""
+        partials_per_node, nodes_per_group = self._workspace_groups()
+        for u in cutlass.range_constexpr(nodes_per_group):
+            for e in cutlass.range_constexpr(partials_per_node):
+                slot = cutlass.min(Int32((group0 + u) * partials_per_node + e), tree.n_clusters - 1)
+                ml_loads[0, e, u] = gWM[slot0 + slot, my_rows.row, 0]
+                ml_loads[1, e, u] = gWM[slot0 + slot, my_rows.row, 1]
+                cute.autovec_copy(cute.local_tile(gWO[slot0 + slot, None, None], (1, self.columns_per_thread),
+                                                  (my_rows.row, tidx % self.threads_per_row))[0, None],
+                                  o_loads[None, e, u])
+
+    @cute.jit
+    def max_of_first_group(self, ml_loads: cute.Tensor, tree: _Tree, m_top: Float32) -> Float32:
+        """Pass 1 of fold_workspace when one group of loads covers every partial: M from pass 2's
+        first loads. Returns m_top (unchanged otherwise)."""
+        partials_per_node, nodes_per_group = self._workspace_groups()
+        if tree.n_nodes <= nodes_per_group:
+            for u in cutlass.range_constexpr(nodes_per_group):
+                for e in cutlass.range_constexpr(partials_per_node):
+                    m_top = cute.arch.fmax(m_top, ml_loads[0, e, u])
+        return m_top
+
+    @cute.jit
+    def add_node(self, ml_loads: cute.Tensor, o_loads: cute.Tensor, u: cutlass.Constexpr[int],
+                 node: cutlass.Constexpr[int], tree: _Tree, m_top: Float32, l_merged: Float32,
+                 o_merged: cute.Tensor, o_node: cute.Tensor) -> Float32:
+        """Pass 2 of fold_workspace for node `node`, whose partials are loads u: the node (wide:
+        folded from its two subs, a missing second sub being I) into o_node, then added to
+        (o_merged, l) with weight ex2(m - m_top), or taken as is when it is the only node.
+        Returns l."""
+        columns_per_thread = self.columns_per_thread
+        m_n = ml_loads[0, 0, u]
+        l_n = ml_loads[1, 0, u]
+        for c in cutlass.range_constexpr(columns_per_thread):
+            o_node[c] = o_loads[c, 0, u]
+        if const_expr(self.wide):
+            if 2 * node + 1 >= tree.n_subs:   # the node's second sub is I
+                ml_loads[0, 1, u] = NEG_BIG
+                ml_loads[1, 1, u] = 0.0
+                for c in cutlass.range_constexpr(columns_per_thread):
+                    o_loads[c, 1, u] = 0.0
+            m_n, l_n = _node_into(o_node, ml_loads[0, 0, u], ml_loads[1, 0, u], o_loads[None, 0, u],
+                                  ml_loads[0, 1, u], ml_loads[1, 1, u], o_loads[None, 1, u])
+        if tree.n_nodes == 1:      # wide only: the node is the whole row
+            l_merged = l_n
+            for c in cutlass.range_constexpr(columns_per_thread):
+                o_merged[c] = o_node[c]
+        else:
+            f = cute.math.exp2(sub_rn(m_n, m_top), fastmath=True)
+            l_merged = fma_rn(l_n, f, l_merged)
+            for c in cutlass.range_constexpr(columns_per_thread):
+                o_merged[c] = fma_rn(o_node[c], f, o_merged[c])
+        return l_merged
+
+    @cute.jit
+    def epilogue(self, mOut: cute.Tensor, gate: cute.Tensor, my_rows: _MyRows, o_merged: cute.Tensor,
+                 l_merged: Float32):
+        """The single writer of my rows, every thread: o / l, norm, gate, out (_epilogue; the
+        threads_per_row lanes of a row reduce by butterfly, inactive lanes compute a duplicate)."""
+        inv_l = cute.arch.rcp_approx(l_merged)
+        for c in cutlass.range_constexpr(self.columns_per_thread):
+            o_merged[c] = o_merged[c] * inv_l
+        _epilogue(o_merged, gate, mOut, my_rows.out_row, my_rows.out_col, my_rows.active,
+                  self.columns_per_thread, self.threads_per_row)
 
 
 # ------------------------------------------------------------------------------------ host
