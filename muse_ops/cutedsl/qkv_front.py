@@ -21,32 +21,34 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
 - The output is computed transposed ("swap AB"): a head's 64 weight rows are the M = 64 of a
   wgmma, the tokens its N (the token tile, 8 to 256), so one wgmma shape serves one token and
   512 alike, and the weight, the operand that is large, streams through once per token tile.
-- A cluster of S CTAs (the K split, qkv_front_plan.k_split: 7 / 3 / 1 for Hkv 1 / 2 / >= 4) owns
-  one group of heads (1 or 2) and one token tile; rank r sums K tiles [r 128 / S, (r+1) 128 / S)
-  of 64 columns each. S depends on Hkv only, so at Hkv 2 the 36 heads run on 108 CTAs at any M.
+- A cluster of S CTAs (the K split, qkv_front_plan.k_split: 3 for Hkv 1 and 2, 2 for Hkv 3, 1 from
+  Hkv 4) owns one group of heads (1 or 2) and one token tile; rank r sums K tiles
+  [r 128 / S, (r+1) 128 / S) of 64 columns each. S depends on Hkv only, so at Hkv 2 the 36 heads run on 108 CTAs at any M.
 - Per CTA: one producer warp streams, per K tile, the heads' 64 x 64 weight boxes and the
-  T x 64 x box with TMA (128-byte swizzle, the canonical K-major wgmma layout) into a ring of
-  full / empty mbarriers; one consumer warpgroup per head issues the tile's four m64nTk16 wgmmas
-  (A = weight, B = x, both from shared memory) into an fp32 accumulator that starts at 0, and
-  releases a stage once the next one's wgmmas are issued (one group in flight).
+  T x 64 x box with TMA (128-byte swizzle, the canonical K-major wgmma layout), 1 or 4 K tiles a
+  stage (qkv_front_plan.TILES), into a ring of full / empty mbarriers; one consumer warpgroup per
+  head issues each tile's four m64nTk16 wgmmas (A = weight, B = x, both from shared memory) into
+  an fp32 accumulator that starts at 0, and releases a stage once the next one's wgmmas are
+  issued (one group in flight).
 - The split-K sum: each CTA leaves its fp32 partial [heads, T, 64] in its drained ring; after a
   cluster barrier, the owner of token t (rank t % S) reads the S partials of its rows over
   distributed shared memory and adds them in rank order (explicit add.rn), rounds to bf16 and
   runs the epilogue: no global scratch, no atomics (except the error flag), no state across calls.
-- Epilogue: 8 threads per (token, head) row, 8 columns each (16-byte loads and stores): sum of
-  squares in column order (fma.rn) then a butterfly over the 8 lanes, rsqrt.approx, RoPE in
+- Epilogue: a quad of threads per (token, head) row, 16 columns each (16-byte loads and stores):
+  sum of squares in column order (fma.rn) then a butterfly over the quad, rsqrt.approx, RoPE in
   fma.rn / mul.rn, cvt.rn.bf16x2; y, then for k and v heads the cache row (64-bit addresses: a
   cache may exceed 2^31 elements). A slot past the cache is skipped and flagged; a position
   outside cos_sin reads row 0 and is flagged.
 - Batch invariance (the property the design is built around): a token's y and cache rows are the
-  same bits whatever M, the token tile or the heads per CTA: its accumulator sees the same
-  k16 steps in the same order (each wgmma output element is a fixed function of its own row and
-  column), the S partials are added in the same order, and the epilogue is the same code on the
-  same 8-lane mapping. Run to run it is deterministic for the same reasons.
+  same bits whatever M, the token tile, the heads per CTA or the K tiles per stage: its
+  accumulator sees the same k16 steps in the same order (each wgmma output element is a fixed
+  function of its own row and column), the S partials are added in the same order, and the
+  epilogue is the same code on the same quad mapping. Run to run it is deterministic for the same reasons.
 - PDL: before griddepcontrol.wait a CTA only initialises its barriers and loads weights (no kernel
   writes them inside a step); every thread waits before it touches x, positions, slots, cos_sin,
-  y or the cache. After its main loop a CTA triggers the dependent launch, so the next kernel's
-  prologue (attn2's, or the next layer's weight stream) overlaps this one's epilogue.
+  y or the cache. In variants of token tiles up to qkv_front_plan.TRIGGER_MAX_TILE a CTA triggers
+  the dependent launch after its main loop, so the next kernel's prologue (attn2's) overlaps this
+  one's epilogue; larger tiles do not (in a stack of layers the early launch made the step slower).
 
 Measurements: bench/RESULTS.md.
 """

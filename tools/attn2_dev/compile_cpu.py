@@ -8,5 +8,6 @@ for q_len, window in [(8, 0), (1, 0), (8, 2048), (1, 2048)]:
     for layout in A.deployment_layouts(window):
         cfg = A._config(q_len, window, 32768, layout)
         t = time.time()
+        os.makedirs(f"{dump}/q{q_len}w{window}{layout}", exist_ok=True)   # the DSL writes no PTX into a missing folder
         launch.compile_attn2(cfg, f"--keep-ptx --dump-dir={dump}/q{q_len}w{window}{layout} remarks{{ptx}}")
         print(cfg, f"{time.time()-t:.1f}s", flush=True)

@@ -1,7 +1,7 @@
 """Interleaved A/B timing of qkv_front variants (overrides of the launch config) and cuBLAS, one
 CUDA graph per (M, variant) over rotating weight copies, timed round-robin (AB_ROUNDS rounds,
 median of the rounds' medians). AB_M: M values; AB_VARIANTS: ';'-separated override dicts in
-Python syntax ({} = the default). Checks every variant's y against the default's bits first
+Python syntax ({} = the default; "no_rope": True launches without cos_sin, unchecked). Checks every variant's y against the default's bits first
 (the split override changes the bits by design: it is only compared within tolerance)."""
 import ast
 import os
@@ -30,11 +30,13 @@ for m in ms:
     graphs, base = [], None
     for v in variants:
         def fn(i, v=v):
-            Q.launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], inp.cos_sin,
-                               inp.kv_cache, ys[i], err, _cfg_override=dict(v))
+            over = dict(v)
+            cos_sin = None if over.pop("no_rope", False) else inp.cos_sin   # development: RoPE off
+            Q.launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], cos_sin,
+                               inp.kv_cache, ys[i], err, _cfg_override=over)
             return ys[i]
         y0 = fn(0).clone()
-        if v.get("epilogue", True):
+        if v.get("epilogue", True) and not v.get("no_rope"):
             rep = tolerance_report(y0, ref64)
             same = "" if base is None else (" same bits" if torch.equal(y0.view(torch.int16), base.view(torch.int16))
                                            else " DIFFERENT bits")
