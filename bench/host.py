@@ -11,6 +11,8 @@ checks on. Paths:
   python body         the Python host path alone (ops._qkv_front_impl / _attn2_impl: checks, plan,
                       TVM-FFI launch), what muse_ops.* ran before the C++ ops
   tvm-ffi launch      the compiled function called from Python with nothing else
+  dispatcher floor    a C++ op with the op's argument list that does nothing (for attn2 also with its
+                      workspace not marked mutable): what torch.ops costs before any of our code runs
   layer eager         MuseAttentionDecode.forward in eager mode (the step checked once in Python,
                       then both C++ ops)
   layer compiled      torch.compile(layer) in the default mode (Inductor, no CUDA graphs)
@@ -121,10 +123,15 @@ def measure() -> list[dict]:
                     "python body": lambda: ops._attn2_impl(y, cache, b.page_table, b.seq_lens, ws, **kw),
                     "tvm-ffi launch": lambda: afn(y, cache, b.page_table, b.seq_lens, out, ws, flag, DEFAULT_SCALE,
                                                   16384, wave),
+                    "dispatcher floor": lambda: torch.ops.muse._shims_null_attn2(y, cache, b.page_table, b.seq_lens,
+                                                                                 ws, **kw),
+                    "dispatcher floor, workspace not (a!)": lambda: torch.ops.muse._shims_null_attn2_const(
+                        y, cache, b.page_table, b.seq_lens, ws, **kw),
                 },
             }
             if not shims.loaded():
                 del paths["qkv_front"]["dispatcher floor"]
+                del paths["attn2"]["dispatcher floor"], paths["attn2"]["dispatcher floor, workspace not (a!)"]
             for op, fns in paths.items():
                 for name, fn in fns.items():
                     before = shims.stats().get(op, {})

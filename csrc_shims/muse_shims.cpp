@@ -741,6 +741,11 @@ TORCH_LIBRARY(muse, m) {
   // the dispatcher's own cost for qkv_front's argument list (bench/host.py: the floor of a call)
   m.def("_shims_null(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
         "Tensor(a!) kv_cache, *, str? backend=None) -> Tensor");
+  // the same for attn2's argument list, and with its workspace not marked mutable (which one costs what)
+  m.def("_shims_null_attn2(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor(a!)? workspace=None, "
+        "*, int q_len, int window, float scale, int max_seq_len, str? backend=None) -> Tensor");
+  m.def("_shims_null_attn2_const(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor? workspace=None, "
+        "*, int q_len, int window, float scale, int max_seq_len, str? backend=None) -> Tensor");
   m.def("_shims_plan(str what, int[] args) -> int", &plan);
   m.def("_shims_error_flag(int device) -> Tensor", [](int64_t index) {
     Device& d = device_state(static_cast<int>(index));
@@ -755,4 +760,9 @@ TORCH_LIBRARY_IMPL(muse, CUDA, m) {
   m.impl("_shims_step_ready", &muse_shims::step_ready);
   m.impl("_shims_null", [](const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, at::Tensor&, std::optional<c10::string_view>) { return x; });
+  const auto null_attn2 = [](const at::Tensor& y, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const std::optional<at::Tensor>&, int64_t, int64_t, double, int64_t,
+                             std::optional<c10::string_view>) { return y; };
+  m.impl("_shims_null_attn2", null_attn2);
+  m.impl("_shims_null_attn2_const", null_attn2);
 }

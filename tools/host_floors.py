@@ -1,0 +1,35 @@
+"""Interleaved host-time rounds of the two public ops and of the C++ no-op ops with their argument
+lists (the dispatcher's floor for each schema), so a slow phase of the machine hits every path
+alike: python tools/host_floors.py (B=1 L=512; needs the C++ ops, the checkout on PYTHONPATH). Median of the rounds' medians, us."""
+import statistics
+
+import torch
+
+from bench.host import DEFAULT_SCALE, _inputs, host_us
+
+
+def main() -> None:
+    b, cache, x, w, ws = _inputs(1, 512)
+    kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=16384)
+    with torch.inference_mode():
+        y = torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)
+        paths = {
+            "torch.ops.muse.qkv_front": lambda: torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache),
+            "qkv_front's floor (_shims_null)": lambda: torch.ops.muse._shims_null(x, w, b.positions, b.slots, None,
+                                                                                  cache),
+            "torch.ops.muse.attn2": lambda: torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw),
+            "attn2's floor (_shims_null_attn2)": lambda: torch.ops.muse._shims_null_attn2(
+                y, cache, b.page_table, b.seq_lens, ws, **kw),
+            "attn2's floor, workspace not (a!)": lambda: torch.ops.muse._shims_null_attn2_const(
+                y, cache, b.page_table, b.seq_lens, ws, **kw),
+        }
+        times = {k: [] for k in paths}
+        for _ in range(7):
+            for k, fn in paths.items():
+                times[k].append(host_us(fn))
+    for k, t in times.items():
+        print(f"{k:40s} {statistics.median(t):6.2f} us  ({' '.join(f'{v:.1f}' for v in t)})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
