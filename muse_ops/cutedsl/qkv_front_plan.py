@@ -31,8 +31,8 @@ TRIGGER_MAX_TILE = 16
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Above
 # 128 tokens a CTA computes two heads, so x is read from L2 half as often (the large-M cases are
 # L2-bandwidth bound); tiles of 8 and 16 tokens take 4 K tiles a stage (fewer, longer wgmma groups:
-# that main loop is otherwise latency bound), 32 and 64 one (0.5-0.7 us faster than 4 and 2, the
-# stages then hold 8 tiles). Measured: bench/RESULTS.md.
+# that main loop is otherwise latency bound), 32 and 64 one (a ring of 8 one-tile stages: 0.5-0.7 us
+# faster than 4 and 2 tiles a stage). Measured: bench/RESULTS.md.
 TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128, 1, 1), (256, 128, 2, 1),
          (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))

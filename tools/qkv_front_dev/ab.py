@@ -1,8 +1,9 @@
 """Interleaved A/B timing of qkv_front variants (overrides of the launch config) and cuBLAS, one
 CUDA graph per (M, variant) over rotating weight copies, timed round-robin (AB_ROUNDS rounds,
 median of the rounds' medians). AB_M: M values; AB_VARIANTS: ';'-separated override dicts in
-Python syntax ({} = the default; "no_rope": True launches without cos_sin, unchecked). Checks every variant's y against the default's bits first
-(the split override changes the bits by design: it is only compared within tolerance)."""
+Python syntax ({} = the default; "no_rope": True launches without cos_sin, unchecked). Checks
+every variant's y against the default's bits first (the split override changes the bits by
+design: it is only compared within tolerance)."""
 import ast
 import os
 import statistics
