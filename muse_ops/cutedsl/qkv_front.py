@@ -89,7 +89,7 @@ def _row_norm(v: cute.Tensor):
     ss = mul_rn(v[0], v[0])
     for c in cutlass.range_constexpr(1, ROW_COLS):
         ss = fma_rn(v[c], v[c], ss)
-    for b in cutlass.range_constexpr(2):          # lanes 4 apart belong to other rows
+    for b in cutlass.range_constexpr(ROW_THREADS.bit_length() - 1):   # lanes ROW_THREADS apart: other rows
         ss = add_rn(ss, cute.arch.shuffle_sync_bfly(ss, offset=1 << b))
     return cute.math.rsqrt(fma_rn(ss, Float32(1.0 / HEAD_DIM), Float32(RMS_EPS)), fastmath=True)
 
