@@ -6,12 +6,16 @@ else a compile by the family's kernel module, which needs the CuTe DSL), launch 
 A deployment with the ahead-of-time library (muse_ops.cutedsl.aot) runs the kernels through this
 module and TVM-FFI alone: neither the DSL compiler nor compile time at start-up.
 
-_kernel (development tools only): a copy of a kernel module to compile instead of the package's
-(an A/B of two versions of the kernel source); its variants are keyed by the copy's file and
-never written to the disk cache.
+_kernel (development tools only): a copy of a kernel module (kernel_copy) to compile instead of
+the package's (an A/B of two versions of the kernel source); its variants are keyed by the copy's
+file and never written to the disk cache.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
+import sys
 import time
 
 from . import aot, compile_cache, registry, runtime, shims
@@ -25,6 +29,18 @@ def _get(op: str, key_cfg, extra_options: str, cfg, kernel):
     def build():
         return (kernel or registry.family(op).kernel_module())._compile(cfg, extra_options)
     return compile_cache.get(key, build, disk=not extra_options and kernel is None, library=aot)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_copy(path: str):
+    """The copy of a kernel module at path, imported inside this package (its relative imports
+    resolve here), for a _kernel A/B; one module per path."""
+    name = f"{__package__}._alt_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod           # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def compile_qkv_front(cfg: QkvFrontConfig, extra_options: str = "", _kernel=None):

@@ -4,7 +4,6 @@ env: TUNE_VARIANTS / TUNE_CASES (python literals), ATTN2_FILE (time another copy
 import os, sys, time, math
 from types import SimpleNamespace
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-import importlib.util
 import torch
 from bench import timing as T
 
@@ -14,13 +13,8 @@ def load_kernel(path=None):
     if path is None:
         from muse_ops.cutedsl import attn2
         return attn2
-    import muse_ops.cutedsl  # noqa: F401  (the copy's relative imports resolve against this package)
-    name = "muse_ops.cutedsl._attn2_alt_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod           # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    from muse_ops.cutedsl.launch import kernel_copy
+    return kernel_copy(path)
 
 
 A = load_kernel(os.environ.get("ATTN2_FILE"))

@@ -6,8 +6,6 @@ Python syntax ({} = the default; "no_rope": True launches without cos_sin, unche
 every variant's y against the default's bits first (the split override changes the bits by
 design: it is only compared within tolerance)."""
 import ast
-import functools
-import importlib.util
 import os
 import statistics
 import sys
@@ -19,20 +17,6 @@ from bench import cases as C, timing as T  # noqa: E402
 from muse_ops.cutedsl import launch as Q  # noqa: E402
 from muse_ops.errors import error_flag  # noqa: E402
 from muse_ops.testing import qkv_front_f64, tolerance_report  # noqa: E402
-
-
-
-@functools.lru_cache(maxsize=None)
-def load_kernel(path):
-    """A copy of the qkv_front kernel module, imported inside the package (its relative imports)."""
-    import muse_ops.cutedsl  # noqa: F401
-    name = "muse_ops.cutedsl._qkv_front_alt_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod           # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
 
 ms = [int(v) for v in os.environ.get("AB_M", "8").split(",")]
 variants = [ast.literal_eval(v) for v in os.environ.get("AB_VARIANTS", "{}").split(";")]
@@ -53,7 +37,7 @@ for m in ms:
             kernel = over.pop("kernel", None)
             Q.launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], cos_sin,
                                inp.kv_cache, ys[i], err, _cfg_override=over,
-                               _kernel=load_kernel(kernel) if kernel else None)
+                               _kernel=Q.kernel_copy(kernel) if kernel else None)
             return ys[i]
         y0 = fn(0).clone()
         if v.get("epilogue", True) and not v.get("no_rope"):
