@@ -79,9 +79,15 @@ def ld_dsmem_f32x2(addr: Int32):
 
 @cute.jit
 def ld_dsmem_f32x4(addr: Int32):
-    """Four fp32 at a 16-byte aligned shared::cluster address of a peer CTA."""
+    """Four fp32 at a 16-byte aligned shared::cluster address (a peer CTA's or this CTA's)."""
     return cute.arch.inline_ptx("ld.shared::cluster.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
                                 write_only_types=[Float32] * 4, read_only_args=[addr])
+
+
+@cute.jit
+def st_dsmem_f32(addr: Int32, v: Float32):
+    """One fp32 to a shared::cluster address (a peer CTA's shared memory or this CTA's); no reply."""
+    cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};", read_only_args=[addr, v])
 
 
 @cute.jit

@@ -30,10 +30,14 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
   head issues each tile's four m64nTk16 wgmmas (A = weight, B = x, both from shared memory) into
   an fp32 accumulator that starts at 0, and releases a stage once the next one's wgmmas are
   issued (one group in flight).
-- The split-K sum: each CTA leaves its fp32 partial [heads, T, 64] in its drained ring; after a
-  cluster barrier, the owner of token t (rank t % S) reads the S partials of its rows over
-  distributed shared memory and adds them in rank order (explicit add.rn), rounds to bf16 and
-  runs the epilogue: no global scratch, no atomics (except the error flag), no state across calls.
+- The split-K sum: token t belongs to rank t % S. Once every CTA of the cluster has drained its
+  ring (a cluster barrier), each pushes its fp32 accumulator straight from registers to the
+  owners (st.shared::cluster) into their landing zones in the ring, [source rank, head, t // S,
+  64]. After a second cluster barrier (release / acquire) the owner reads the S partials of its
+  rows from its own shared memory and adds them in rank order (explicit add.rn), rounds to bf16
+  and runs the epilogue: no global scratch, no atomics (except the error flag), no state across
+  calls. A push needs no reply; the owner pulling the partials over DSMEM (the design before)
+  waited on each pass's loads and took 0.2-6 us longer (bench/RESULTS.md).
 - Epilogue: a quad of threads per (token, head) row, 16 columns each (16-byte loads and stores):
   sum of squares in column order (fma.rn) then a butterfly over the quad, rsqrt.approx, RoPE in
   fma.rn / mul.rn, cvt.rn.bf16x2; y, then for k and v heads the cache row (64-bit addresses: a
@@ -65,13 +69,13 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
-from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit
+from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32
 from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
                              deployment_variants, k_split, launch_config)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
-RANK_GROUP = MAX_K_SPLIT        # split-K partials loaded together in the sum (every deployment's split)
+DIV_SHIFT = 16                  # t // S = (t ceil(2^16 / S)) >> 16, exact for t < 2^8 and S <= 3
 _INDEX = {"int32": Int32, "int64": Int64}
 
 
@@ -156,17 +160,17 @@ class QkvFrontSm90:
         rank, head_group, tile = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
-        # ---- shared memory: the ring's barriers and stages; after the main loop the ring holds
-        # this CTA's fp32 partial [heads, tokens, PARTIAL_ROW] (x's stages lie right after the weight's)
+        # ---- shared memory: the ring's barriers and stages (x's stages right after the weight's),
+        # the epilogue's indices; after the main loop the ring is the landing zone of the split-K sum
         smem = SmemAllocator()
         full = smem.allocate_array(Int64, stages, byte_alignment=8)
         empty = smem.allocate_array(Int64, stages, byte_alignment=8)
         sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
         sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
-        sP = cute.make_tensor(cute.recast_ptr(sW.iterator, dtype=Float32),
-                              cute.make_layout(heads * tokens * PARTIAL_ROW))
         sSlot = smem.allocate_tensor(Int64, cute.make_layout(tokens), byte_alignment=16)   # the tile's slots
         sPos = smem.allocate_tensor(Int32, cute.make_layout(tokens), byte_alignment=16)    # and RoPE rows
+        sL = cute.make_tensor(cute.recast_ptr(sW.iterator, dtype=Float32),
+                              cute.make_layout(self.cfg.landing_bytes // 4))
         if warp == self.producer_warp:
             cpasync.prefetch_descriptor(tma_w)
             cpasync.prefetch_descriptor(tma_x)
@@ -185,22 +189,23 @@ class QkvFrontSm90:
         if warp == self.producer_warp:
             self.produce(tma_w, mW_tma, tma_x, mX_tma, sW, sX, full, empty, head_group, tile, kt_lo, n_k,
                          mPos, mSlot, mCS, mErr, sSlot, sPos, mY.shape[0])
+            self.rings_drained()
         else:
-            self.consume(sW, sX, sP, full, empty, n_k, warp // 4, tidx % 128)
+            acc = self.consume(sW, sX, full, empty, n_k, warp // 4, tidx % 128)
             if const_expr(self.cfg.pdl and self.cfg.trigger):
                 # every load of this CTA is issued: the next kernel may launch and run its prologue
                 cute.arch.griddepcontrol_launch_dependents()
-        cute.arch.cluster_arrive()       # release this CTA's partial to the cluster
+            self.rings_drained()
+            self.push_partial(acc, sL, warp // 4, tidx % 128, rank, split)
+        # the pushes are released to their owners and acquired by them; after this no CTA touches
+        # another's shared memory, so none waits for its peers again
+        cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
         if warp < self.producer_warp:
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()   # before the first global access of these threads
             if const_expr(self.cfg.epilogue):
-                self.reduce_and_store(sP, sSlot, sPos, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
-        # every DSMEM load above has returned (its value was stored), so a relaxed arrive lets the
-        # peers go; the wait keeps this CTA's partial alive until they have read it
-        cute.arch.cluster_arrive_relaxed()
-        cute.arch.cluster_wait()
+                self.reduce_and_store(sL, sSlot, sPos, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
 
     @cute.jit
     def produce(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
@@ -253,15 +258,19 @@ class QkvFrontSm90:
                                   tma_bar_ptr=full + s)
                     cute.copy(tma_x, tXg[None, tile, kt], tXs[None, s * tiles_per_stage + j], tma_bar_ptr=full + s)
 
+    def tiled_mma(self):
+        """The wgmma of a consumer warpgroup: 64 head columns x token_tile tokens, fp32."""
+        return sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, warpgroup.OperandMajorMode.K,
+                                                 warpgroup.OperandMajorMode.K, Float32, (1, 1, 1),
+                                                 (HEAD_DIM, self.token_tile))
+
     @cute.jit
-    def consume(self, sW: cute.Tensor, sX: cute.Tensor, sP: cute.Tensor, full, empty, n_k: Int32,
-                wg: Int32, wg_tidx: Int32):
+    def consume(self, sW: cute.Tensor, sX: cute.Tensor, full, empty, n_k: Int32, wg: Int32, wg_tidx: Int32):
         """Consumer warpgroup wg (head head_group * heads + wg): acc (64 rows x tokens tokens, fp32, from
         0) += W_tile x_tile^tokens over the rank's K tiles in order, four k16 wgmmas a tile, one wgmma
-        group a stage, one group in flight; then the accumulator into the rows [wg, t, 0:64] of sP."""
+        group a stage, one group in flight. Returns the accumulator, every wgmma complete."""
         tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
-        mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, warpgroup.OperandMajorMode.K,
-                                                warpgroup.OperandMajorMode.K, Float32, (1, 1, 1), (HEAD_DIM, tokens))
+        mma = self.tiled_mma()
         thr = mma.get_slice(wg_tidx)
         atom = cute.make_mma_atom(mma.op)
         tCrW = thr.make_fragment_A(thr.partition_A(sW))
@@ -292,14 +301,38 @@ class QkvFrontSm90:
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
         warpgroup.wait_group(0)
-        # every consumer warpgroup is done with the ring (every stage was waited for, so the
-        # producer's copies have landed): the partial may overwrite it
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-        sPw = cute.make_tensor(sP.iterator + wg * tokens * PARTIAL_ROW,
-                               cute.make_layout((HEAD_DIM, tokens), stride=(1, PARTIAL_ROW)))
-        tPs = thr.partition_C(sPw)
+        return acc
+
+    @cute.jit
+    def rings_drained(self):
+        """Every thread of the cluster: after this barrier no CTA reads its ring again (every stage
+        was waited for, so the producers' copies have landed, and every wgmma is complete), so
+        partials may land in any of them. Relaxed: nothing written before it is read after it."""
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
+
+    @cute.jit
+    def push_partial(self, acc: cute.Tensor, sL: cute.Tensor, wg: Int32, wg_tidx: Int32, rank: Int32,
+                     split: Int32):
+        """Consumer warpgroup wg: each accumulator element (head column c, token t) to the landing
+        zone of t's owner, rank t % split, at [rank, wg, t // split, c] (rows of PARTIAL_ROW).
+        Stores to a peer need no reply, so the warps go on as soon as they are issued."""
+        thr = self.tiled_mma().get_slice(wg_tidx)
+        coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
+        rows_per_slot = (self.token_tile + split - 1) // split
+        magic = ((1 << DIV_SHIFT) + split - 1) // split
+        slot_row = (rank * self.heads_per_cta + wg) * rows_per_slot
+        # the landing zone's address in each rank's window (a rank past the split maps to rank 0)
+        base = [cute.arch.map_dsmem_ptr(sL.iterator, cutlass.min(Int32(r), split - 1)).toint()
+                for r in range(MAX_K_SPLIT)]
         for i in cutlass.range_constexpr(cute.size(acc)):
-            tPs[i] = acc[i]
+            c, t = coords[i]
+            j = (t * magic) >> DIV_SHIFT
+            owner = t - j * split
+            owner_base = base[0]
+            for r in cutlass.range_constexpr(1, MAX_K_SPLIT):
+                owner_base = owner_base + Int32(owner == r) * (base[r] - base[0])
+            st_dsmem_f32(owner_base + ((slot_row + j) * PARTIAL_ROW + c) * 4, acc[i])
 
     @cute.jit
     def stage_indices(self, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
@@ -322,12 +355,13 @@ class QkvFrontSm90:
                 sPos[i] = Int32(pos)
 
     @cute.jit
-    def reduce_and_store(self, sP: cute.Tensor, sSlot: cute.Tensor, sPos: cute.Tensor, mCS: cute.Tensor,
+    def reduce_and_store(self, sL: cute.Tensor, sSlot: cute.Tensor, sPos: cute.Tensor, mCS: cute.Tensor,
                          mCache: cute.Tensor, mY: cute.Tensor, mErr: cute.Tensor, split: Int32, rank: Int32,
                          head_group: Int32, tile: Int32, tidx: Int32):
         """The rows this rank owns (tokens t = rank + split j of the tile, each of the heads heads):
-        the split-K sum of the cluster's partials in rank order, bf16, then norm / RoPE by head
-        kind, y, and the cache row of k and v heads. A quad of lanes per row, ROW_COLS columns each."""
+        the split-K sum of the S partials in its landing zone in rank order, bf16, then norm / RoPE
+        by head kind, y, and the cache row of k and v heads. A quad of lanes per row, ROW_COLS
+        columns each."""
         tokens, heads = self.token_tile, self.heads_per_cta
         m = mY.shape[0]
         n = mY.shape[1]
@@ -341,6 +375,8 @@ class QkvFrontSm90:
         col = (tidx % ROW_THREADS) * ROW_COLS
         y_base = mY.iterator.toint()
         cache_base = mCache.iterator.toint()
+        rows_per_slot = (tokens + split - 1) // split
+        landing = cute.arch.map_dsmem_ptr(sL.iterator, rank).toint()
         for base in cutlass.range(0, rows, self.rows_per_pass, unroll=1):
             # lanes past the last row repeat it (the butterfly needs the whole quad) but store nothing
             active = Int32(base + lane_row < rows)
@@ -350,7 +386,7 @@ class QkvFrontSm90:
             token = tile * tokens + t
             head = head_group * heads + hh
             is_qk = Int32(head < hq + hkv)
-            # ---- the global loads first (cos_sin rows), so their latency overlaps the DSMEM loads
+            # ---- the global loads first (cos_sin rows), so their latency overlaps the partials' loads
             cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
             sin = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
             if const_expr(self.rope):
@@ -359,24 +395,21 @@ class QkvFrontSm90:
                 cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
                 cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None],
                                   sin)
-            # ---- split-K sum: the partials in rank order, one rounding per add; the loads of up to
-            # RANK_GROUP ranks go out together (one DSMEM latency per group, not one per rank).
-            # At large M this sum is bound by DSMEM bandwidth (bench/RESULTS.md)
+            # ---- split-K sum: the partials in rank order, one rounding per add; every rank's
+            # loads go out together
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             acc.fill(0.0)
-            part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, RANK_GROUP), stride=(1, ROW_COLS)), Float32)
-            offset = (hh * tokens + t) * PARTIAL_ROW + col
-            for r0 in cutlass.range(0, split, RANK_GROUP, unroll=1):
-                for g in cutlass.range_constexpr(RANK_GROUP):
-                    if r0 + g < split:      # the sum is bound by DSMEM bandwidth: no load is wasted
-                        addr = cute.arch.map_dsmem_ptr(sP.iterator + offset, r0 + g).toint()
-                        for q in cutlass.range_constexpr(ROW_COLS // 4):
-                            part[4 * q, g], part[4 * q + 1, g], part[4 * q + 2, g], part[4 * q + 3, g] = \
-                                ld_dsmem_f32x4(addr + 16 * q)
-                for g in cutlass.range_constexpr(RANK_GROUP):
-                    if r0 + g < split:
-                        for c in cutlass.range_constexpr(ROW_COLS):
-                            acc[c] = add_rn(acc[c], part[c, g])
+            part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, MAX_K_SPLIT), stride=(1, ROW_COLS)), Float32)
+            for g in cutlass.range_constexpr(MAX_K_SPLIT):
+                if g < split:
+                    addr = landing + (((g * heads + hh) * rows_per_slot + row // heads) * PARTIAL_ROW + col) * 4
+                    for q in cutlass.range_constexpr(ROW_COLS // 4):
+                        part[4 * q, g], part[4 * q + 1, g], part[4 * q + 2, g], part[4 * q + 3, g] = \
+                            ld_dsmem_f32x4(addr + 16 * q)
+            for g in cutlass.range_constexpr(MAX_K_SPLIT):
+                if g < split:
+                    for c in cutlass.range_constexpr(ROW_COLS):
+                        acc[c] = add_rn(acc[c], part[c, g])
             pb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
             pb.store(acc.load().to(BFloat16))
             p = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)

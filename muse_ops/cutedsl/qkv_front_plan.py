@@ -58,6 +58,13 @@ def stage_bytes(token_tile: int, heads_per_cta: int, k_tiles_per_stage: int) -> 
     return (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2 * k_tiles_per_stage
 
 
+def landing_bytes(token_tile: int, heads_per_cta: int) -> int:
+    """Bytes of the landing zone of the split-K sum: for each of up to MAX_K_SPLIT source ranks,
+    the partials [heads, ceil(T / S), PARTIAL_ROW] fp32 of the tokens this CTA owns (S x ceil(T / S)
+    rows a head is largest at S = MAX_K_SPLIT)."""
+    return MAX_K_SPLIT * heads_per_cta * -(-token_tile // MAX_K_SPLIT) * PARTIAL_ROW * 4
+
+
 def k_range(rank: int, split: int) -> tuple[int, int]:
     """The K tiles [lo, hi) rank `rank` of a split of `split` sums (as the kernel derives them)."""
     return rank * K_TILES // split, (rank + 1) * K_TILES // split
@@ -92,8 +99,8 @@ class QkvFrontConfig:
         return stage_bytes(self.token_tile, self.heads_per_cta, self.k_tiles_per_stage)
 
     @property
-    def partial_bytes(self) -> int:
-        return self.heads_per_cta * self.token_tile * PARTIAL_ROW * 4
+    def landing_bytes(self) -> int:
+        return landing_bytes(self.token_tile, self.heads_per_cta)
 
     @staticmethod
     def create(token_tile: int, heads_per_cta: int, rope: bool, pos_dtype: str = "int64",
@@ -105,8 +112,8 @@ class QkvFrontConfig:
             stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))
             stages = max(2, min(8, SMEM_LIMIT // stage))
         cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)
-        # the partials of the split-K sum reuse the ring once the main loop is done
-        assert cfg.stages * cfg.stage_bytes >= cfg.partial_bytes, cfg
+        # the landing zone of the split-K sum reuses the ring once every CTA's main loop is done
+        assert cfg.stages * cfg.stage_bytes >= cfg.landing_bytes, cfg
         assert cfg.stages * cfg.stage_bytes <= SMEM_LIMIT, f"{cfg}: the ring exceeds shared memory"
         return cfg
 
