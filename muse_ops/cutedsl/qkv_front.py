@@ -36,13 +36,15 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
   64]. After a second cluster barrier (release / acquire) the owner reads the S partials of its
   rows from its own shared memory and adds them in rank order (explicit add.rn), rounds to bf16
   and runs the epilogue: no global scratch, no atomics (except the error flag), no state across
-  calls. A push needs no reply; the owner pulling the partials over DSMEM (the design before)
-  waited on each pass's loads and took 0.2-6 us longer (bench/RESULTS.md).
+  calls. A push needs no reply; with the owner pulling the partials over DSMEM (the design
+  before) each epilogue pass waited on its loads: 0.2-0.35 us slower at most M, about 6 at M=512
+  (bench/RESULTS.md).
 - Epilogue: a quad of threads per (token, head) row, 16 columns each (16-byte loads and stores):
   sum of squares in column order (fma.rn) then a butterfly over the quad, rsqrt.approx, RoPE in
   fma.rn / mul.rn, cvt.rn.bf16x2; y, then for k and v heads the cache row (64-bit addresses: a
   cache may exceed 2^31 elements). A slot past the cache is skipped and flagged; a position
-  outside cos_sin reads row 0 and is flagged.
+  outside cos_sin reads row 0 and is flagged. The cos_sin rows of a pass are loaded during the
+  pass before it (0.4 us at M=256, bench/RESULTS.md).
 - Batch invariance (the property the design is built around): a token's y and cache rows are the
   same bits whatever M, the token tile, the heads per CTA or the K tiles per stage: its
   accumulator sees the same k16 steps in the same order (each wgmma output element is a fixed
@@ -322,7 +324,7 @@ class QkvFrontSm90:
         rows_per_slot = (self.token_tile + split - 1) // split
         magic = ((1 << DIV_SHIFT) + split - 1) // split
         slot_row = (rank * self.heads_per_cta + wg) * rows_per_slot
-        # the landing zone's address in each rank's window (a rank past the split maps to rank 0)
+        # the landing zone's address in each rank's window (ranks past the split: the last one, unused)
         base = [cute.arch.map_dsmem_ptr(sL.iterator, cutlass.min(Int32(r), split - 1)).toint()
                 for r in range(MAX_K_SPLIT)]
         for i in cutlass.range_constexpr(cute.size(acc)):
@@ -355,6 +357,15 @@ class QkvFrontSm90:
                 sPos[i] = Int32(pos)
 
     @cute.jit
+    def load_cos_sin(self, cos: cute.Tensor, sin: cute.Tensor, mCS: cute.Tensor, sPos: cute.Tensor, t: Int32,
+                     col: Int32):
+        """The cos and sin of token t's RoPE row for the frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1."""
+        pos = sPos[t]
+        quarter = col // ROW_COLS
+        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
+        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None], sin)
+
+    @cute.jit
     def reduce_and_store(self, sL: cute.Tensor, sSlot: cute.Tensor, sPos: cute.Tensor, mCS: cute.Tensor,
                          mCache: cute.Tensor, mY: cute.Tensor, mErr: cute.Tensor, split: Int32, rank: Int32,
                          head_group: Int32, tile: Int32, tidx: Int32):
@@ -377,6 +388,16 @@ class QkvFrontSm90:
         cache_base = mCache.iterator.toint()
         rows_per_slot = (tokens + split - 1) // split
         landing = cute.arch.map_dsmem_ptr(sL.iterator, rank).toint()
+        # RoPE's cos_sin rows go out a pass ahead: the partials are in this CTA's shared memory, so
+        # their L2 latency would otherwise be each pass's longest wait
+        cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+        sin = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+        cos_ahead = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+        sin_ahead = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
+        if const_expr(self.rope):
+            if rows > 0:
+                self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos,
+                                  rank + split * (cutlass.min(lane_row, rows - 1) // heads), col)
         for base in cutlass.range(0, rows, self.rows_per_pass, unroll=1):
             # lanes past the last row repeat it (the butterfly needs the whole quad) but store nothing
             active = Int32(base + lane_row < rows)
@@ -386,15 +407,13 @@ class QkvFrontSm90:
             token = tile * tokens + t
             head = head_group * heads + hh
             is_qk = Int32(head < hq + hkv)
-            # ---- the global loads first (cos_sin rows), so their latency overlaps the partials' loads
-            cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
-            sin = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
             if const_expr(self.rope):
-                pos = sPos[t]
-                quarter = col // ROW_COLS      # frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1
-                cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
-                cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None],
-                                  sin)
+                for i in cutlass.range_constexpr(ROW_COLS // 2):
+                    cos[i] = cos_ahead[i]
+                    sin[i] = sin_ahead[i]
+                if base + self.rows_per_pass < rows:
+                    ahead = cutlass.min(base + self.rows_per_pass + lane_row, rows - 1)
+                    self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos, rank + split * (ahead // heads), col)
             # ---- split-K sum: the partials in rank order, one rounding per add; every rank's
             # loads go out together
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
