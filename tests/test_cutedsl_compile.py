@@ -88,3 +88,22 @@ def test_processes_compiling_one_variant_at_once_share_one_entry(tmp_path):
     assert len(entries) == 1 and not list(tmp_path.rglob("*.tmp.o")), entries
     # one compiled and stored it; the others compiled too or loaded it, and every one got a function
     assert sum(int(o[0].split()[0]) for o in outs) >= 1
+
+
+def test_qkv_front_split_k_indexing():
+    """The integer formulas qkv_front's pushed split-K sum relies on, for every token tile and
+    split: t // S by multiply and shift, slots of ceil(T / S) rows within the landing zone, and
+    the owners' row counts covering every token of a (possibly partial) tile once."""
+    from muse_ops.cutedsl import qkv_front as Q, qkv_front_plan as P
+    for _, tile, heads, kps in P.TILES:
+        cfg = P.QkvFrontConfig.create(tile, heads, True, k_tiles_per_stage=kps)
+        for split in range(1, P.MAX_K_SPLIT + 1):
+            magic = ((1 << Q.DIV_SHIFT) + split - 1) // split
+            rows_per_slot = (tile + split - 1) // split
+            for t in range(tile):
+                assert (t * magic) >> Q.DIV_SHIFT == t // split, (tile, split, t)
+            assert split * heads * rows_per_slot * P.PARTIAL_ROW * 4 <= cfg.landing_bytes
+            assert cfg.landing_bytes <= cfg.stages * cfg.stage_bytes
+            for t_count in range(1, tile + 1):
+                n_own = [(t_count - rank + split - 1) // split for rank in range(split)]
+                assert n_own == [sum(1 for t in range(t_count) if t % split == rank) for rank in range(split)]
