@@ -39,6 +39,7 @@ from muse_ops.paged import PagedBatch
 
 KV_HEADS = 2
 CALLS = 200
+ATTN2_KW = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=16384)   # the deployment attn2 is timed in
 
 
 def one_at_a_time_us(fn, calls: int = CALLS) -> float:
@@ -68,6 +69,29 @@ def host_us(fn, calls: int = CALLS, repeats: int = 7) -> float:
     return statistics.median(samples)
 
 
+def timed_with_cpp_share(op: str, fn) -> tuple[float, dict]:
+    """host_us(fn), and the C++ kernel's share of those calls of `op` in us per call ("cpp": its
+    whole body, "launch", "plan", "alloc": shims.stats()'s parts); {} where no call took the C++ path."""
+    before = shims.stats().get(op, {})
+    us = host_us(fn)
+    after = shims.stats().get(op, {})
+    n = after.get("cpp", 0) - before.get("cpp", 0)
+    share = {part: (after[f"{part}_ns"] - before[f"{part}_ns"]) / n / 1e3
+             for part in ("cpp", "launch", "plan", "alloc")} if n else {}
+    return us, share
+
+
+def public_calls(batch: int = 1, length: int = 512) -> dict:
+    """The two public ops through torch.ops on _inputs(batch, length), as zero-argument calls (under
+    the caller's inference mode); "inputs" holds (batch, cache, x, weight, workspace, y, attn2's keywords)."""
+    b, cache, x, w, ws = _inputs(batch, length)
+    kw = ATTN2_KW
+    y = torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)
+    return {"qkv_front": lambda: torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache),
+            "attn2": lambda: torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw),
+            "inputs": (b, cache, x, w, ws, y, kw)}
+
+
 class _CompileFloor(torch.nn.Module):
     """torch.compile's own per-call cost for a step of the layer's shape: the same module state
     and inputs, one input written in place, one output, and no muse op (two trivial kernels)."""
@@ -95,7 +119,7 @@ def _inputs(batch: int, length: int):
 
 def measure() -> list[dict]:
     rows = []
-    kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=16384)
+    kw = ATTN2_KW
     for batch, length in ((1, 512), (64, 8192)):
         b, cache, x, w, ws = _inputs(batch, length)
         with torch.inference_mode():
@@ -134,15 +158,10 @@ def measure() -> list[dict]:
                 del paths["attn2"]["dispatcher floor"], paths["attn2"]["dispatcher floor, workspace not (a!)"]
             for op, fns in paths.items():
                 for name, fn in fns.items():
-                    before = shims.stats().get(op, {})
-                    us = host_us(fn)
-                    after = shims.stats().get(op, {})
+                    us, share = timed_with_cpp_share(op, fn)
                     row = {"op": op, "B": batch, "L": length, "path": name, "host_us": us}
-                    n = after.get("cpp", 0) - before.get("cpp", 0)
-                    if n and name.startswith(("torch.ops", "muse_ops")):   # the C++ body's share of it
-                        row["cpp_us"] = (after["cpp_ns"] - before["cpp_ns"]) / n / 1e3
-                        for part in ("launch", "plan", "alloc"):
-                            row[f"{part}_us"] = (after[f"{part}_ns"] - before[f"{part}_ns"]) / n / 1e3
+                    if name.startswith(("torch.ops", "muse_ops")):   # the C++ body's share of it
+                        row.update({f"{part}_us": v for part, v in share.items()})
                     row["single_us"] = one_at_a_time_us(fn)
                     rows.append(row)
         cfg = muse_ops.DeploymentConfig.full(kv_heads=KV_HEADS, max_seq_len=16384, max_batch=128)

@@ -5,19 +5,18 @@ import statistics
 
 import torch
 
-from bench.host import DEFAULT_SCALE, _inputs, host_us
+from bench.host import host_us, public_calls
 
 
 def main() -> None:
-    b, cache, x, w, ws = _inputs(1, 512)
-    kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=16384)
     with torch.inference_mode():
-        y = torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)
+        calls = public_calls()
+        b, cache, x, w, ws, y, kw = calls["inputs"]
         paths = {
-            "torch.ops.muse.qkv_front": lambda: torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache),
+            "torch.ops.muse.qkv_front": calls["qkv_front"],
             "qkv_front's floor (_shims_null)": lambda: torch.ops.muse._shims_null(x, w, b.positions, b.slots, None,
                                                                                   cache),
-            "torch.ops.muse.attn2": lambda: torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw),
+            "torch.ops.muse.attn2": calls["attn2"],
             "attn2's floor (_shims_null_attn2)": lambda: torch.ops.muse._shims_null_attn2(
                 y, cache, b.page_table, b.seq_lens, ws, **kw),
             "attn2's floor, workspace not (a!)": lambda: torch.ops.muse._shims_null_attn2_const(

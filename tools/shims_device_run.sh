@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, DSL-free: the ahead-of-time library (tools/aot_device_env.sh), the C++ ops
 # built there against its torch, then PART = shims (their GPU tests), host (bench/host.py), gpu
-# (the whole GPU suite through them), or all. Logs and JSON under $OUT.
+# (the whole GPU suite through them), or all; PART=build stops after the setup (for a script that
+# sources this one: tools/launch_cost/run.sh). Logs and JSON under $OUT.
 # NOSHIMS=1: the same without the C++ ops. MODE=dsl: the CuTe DSL bundle instead (.device/prelude.sh, tools/device_env.sh: carry .device).
 set -uo pipefail
 if [ "${MODE:-aot}" = dsl ]; then . .device/prelude.sh && . tools/device_env.sh; else . tools/aot_device_env.sh; fi

@@ -167,12 +167,13 @@ def stats() -> dict:
     if not loaded():
         return {}
     s = torch.ops.muse._shims_stats()
-    per_call = lambda ns, n: round(ns / n / 1e3, 2) if n else None   # noqa: E731
-    return {"qkv_front": {"cpp": s[0], "python": s[1], "cpp_us": per_call(s[8], s[0]), "launch_us": per_call(s[10], s[0]),
-                          "cpp_ns": s[8], "launch_ns": s[10], "plan_ns": s[12], "alloc_ns": s[14]},
-            "attn2": {"cpp": s[2], "python": s[3], "cpp_us": per_call(s[9], s[2]), "launch_us": per_call(s[11], s[2]),
-                      "cpp_ns": s[9], "launch_ns": s[11], "plan_ns": s[13], "alloc_ns": s[15]},
-            "qkv_front variants": s[6], "attn2 deployments": s[7]}
+
+    def per_op(i: int) -> dict:   # the layout of _shims_stats (csrc_shims/muse_shims.cpp, stats)
+        n = s[2 * i]
+        ns = {"cpp_ns": s[8 + i], "launch_ns": s[10 + i], "plan_ns": s[12 + i], "alloc_ns": s[14 + i]}
+        us = {k.replace("_ns", "_us"): (round(ns[k] / n / 1e3, 2) if n else None) for k in ("cpp_ns", "launch_ns")}
+        return {"cpp": n, "python": s[2 * i + 1], **us, **ns}
+    return {op: per_op(i) for i, op in enumerate(OPS)} | {"qkv_front variants": s[6], "attn2 deployments": s[7]}
 
 
 def error_flag(device: torch.device) -> torch.Tensor | None:

@@ -8,8 +8,7 @@ import sys
 
 import torch
 
-from bench.host import DEFAULT_SCALE, _inputs, host_us
-from muse_ops.cutedsl import shims
+from bench.host import public_calls, timed_with_cpp_share
 
 probe = ctypes.CDLL(sys.argv[1])
 counters = (ctypes.c_longlong * 6)()
@@ -20,13 +19,10 @@ def read():
     return list(counters)
 
 
-b, cache, x, w, ws = _inputs(1, 512)
-kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=16384)
 rows = {}
 with torch.inference_mode():
-    y = torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)
-    ops = {"attn2": lambda: torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw),
-           "qkv_front": lambda: torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)}
+    calls = public_calls()
+    ops = {op: calls[op] for op in ("attn2", "qkv_front")}
     outs = {}
     for mode in (0, 1):
         probe.probe_mode(mode)
@@ -37,13 +33,11 @@ with torch.inference_mode():
         for mode in (0, 1):
             probe.probe_mode(mode)
             for op, fn in ops.items():
-                s0, p0 = shims.stats()[op], read()
-                us = host_us(fn)
-                s1, p1 = shims.stats()[op], read()
-                n = s1["cpp"] - s0["cpp"]
+                p0 = read()
+                us, share = timed_with_cpp_share(op, fn)
+                p1 = read()
                 per = lambda i: (p1[2 * i] - p0[2 * i]) / max(1, p1[2 * i + 1] - p0[2 * i + 1]) / 1e3  # noqa: E731
-                for name, v in (("op", us), ("C++ body", (s1["cpp_ns"] - s0["cpp_ns"]) / n / 1e3),
-                                ("DSL launch fn", (s1["launch_ns"] - s0["launch_ns"]) / n / 1e3),
+                for name, v in (("op", us), ("C++ body", share["cpp"]), ("DSL launch fn", share["launch"]),
                                 ("its cudaLaunchKernelEx", per(0)), ("its cudaGetDevice", per(1)),
                                 ("its TVMFFIEnvGetStream", per(2))):
                     rows.setdefault((op, mode, name), []).append(v)

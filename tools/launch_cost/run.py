@@ -8,8 +8,7 @@ import sys
 
 import torch
 
-from bench.host import DEFAULT_SCALE, _inputs, host_us
-from muse_ops.cutedsl import shims
+from bench.host import public_calls, timed_with_cpp_share
 
 ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
 pieces = ctypes.CDLL(sys.argv[1])
@@ -17,23 +16,17 @@ for name in ("hb_launch", "hb_encode", "hb_ctx"):
     getattr(pieces, name).restype = ctypes.c_double
 torch.zeros(1, device="cuda")
 assert pieces.hb_setup(100 * 1024) == 0
-b, cache, x, w, ws = _inputs(1, 512)
-kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=16384)
 rows = {k: [] for k in ("attn2 op (us)", "attn2 C++ body", "attn2 DSL launch fn", "qkv_front op", "qkv_front C++ body",
                         "qkv_front DSL launch fn", "cuLaunchKernelEx plain", "cuLaunchKernelEx cluster 2",
                         "cuLaunchKernelEx cluster 2 + PDL", "cuTensorMapEncodeTiled", "cuCtxGetCurrent+GetDevice")}
 with torch.inference_mode():
-    y = torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)
+    calls = public_calls()
     for _ in range(7):
-        for op, fn in (("attn2", lambda: torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw)),
-                       ("qkv_front", lambda: torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache))):
-            s0 = shims.stats()[op]
-            us = host_us(fn)
-            s1 = shims.stats()[op]
-            n = s1["cpp"] - s0["cpp"]
+        for op in ("attn2", "qkv_front"):
+            us, share = timed_with_cpp_share(op, calls[op])
             rows[f"{op} op" + (" (us)" if op == "attn2" else "")].append(us)
-            rows[f"{op} C++ body"].append((s1["cpp_ns"] - s0["cpp_ns"]) / n / 1e3)
-            rows[f"{op} DSL launch fn"].append((s1["launch_ns"] - s0["launch_ns"]) / n / 1e3)
+            rows[f"{op} C++ body"].append(share["cpp"])
+            rows[f"{op} DSL launch fn"].append(share["launch"])
         for mode, name in ((0, "plain"), (1, "cluster 2"), (3, "cluster 2 + PDL")):
             rows[f"cuLaunchKernelEx {name}"].append(pieces.hb_launch(mode, 100 * 1024, 7) / 1e3)
         rows["cuTensorMapEncodeTiled"].append(pieces.hb_encode(7) / 1e3)
