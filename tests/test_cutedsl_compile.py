@@ -90,6 +90,31 @@ def test_processes_compiling_one_variant_at_once_share_one_entry(tmp_path):
     assert sum(int(o[0].split()[0]) for o in outs) >= 1
 
 
+def test_qkv_front_partial_tile_boxes():
+    """The x boxes of a partial token tile (qkv_front_plan.x_part_box_counts, the formulas the
+    producer applies): for every tile and every row count they cover the rows rounded up to
+    X_BOX_MIN_ROWS exactly once, reach past x by fewer than X_BOX_MIN_ROWS rows, number at most
+    X_BOXES_MAX, and start at a multiple of their size in the tile and in x (the TMA box grid)."""
+    from muse_ops.cutedsl import qkv_front_plan as P
+    for _, tile, _, _ in P.TILES:
+        sizes = P.x_part_boxes(tile)
+        assert len(sizes) <= P.X_BOXES_MAX and all(tile % rows == 0 for rows in sizes), tile
+        for x_rows in range(1, tile + 1):
+            counts = P.x_part_box_counts(tile, x_rows)
+            if counts == [(tile, 1)]:   # the whole-tile box
+                assert not sizes or -(-x_rows // P.X_BOX_MIN_ROWS) * P.X_BOX_MIN_ROWS >= tile or tile <= 32
+                continue
+            covered, first = 0, 0
+            for rows, count in counts:
+                assert rows in sizes and count >= 1
+                for _ in range(count):
+                    assert first % rows == 0 and (tile + first) % rows == 0, (tile, x_rows, rows, first)
+                    first += rows
+                covered += rows * count
+            assert x_rows <= covered < x_rows + P.X_BOX_MIN_ROWS, (tile, x_rows, counts)
+            assert sum(count for _, count in counts) <= P.X_BOXES_MAX, (tile, x_rows, counts)
+
+
 def test_qkv_front_split_k_indexing():
     """The integer formulas qkv_front's pushed split-K sum relies on, for every token tile and
     split: t // S by multiply and shift, slots of ceil(T / S) rows within the landing zone, and

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu,
 
 DEV = "cuda"
 POSITIONS = 40000
-M_VALUES = [1, 2, 7, 8, 9, 16, 17, 64, 100, 256, 512]
+M_VALUES = [1, 2, 7, 8, 9, 16, 17, 64, 65, 100, 136, 200, 256, 300, 512]
 
 
 def _kernel():

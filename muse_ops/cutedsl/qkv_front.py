@@ -26,7 +26,9 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
   [r 128 / S, (r+1) 128 / S) of 64 columns each. S depends on Hkv only, so at Hkv 2 the 36 heads run on 108 CTAs at any M.
 - Per CTA: one producer warp streams, per K tile, the heads' 64 x 64 weight boxes and the
   T x 64 x box with TMA (128-byte swizzle, the canonical K-major wgmma layout), 1 or 4 K tiles a
-  stage (qkv_front_plan.TILES), into a ring of full / empty mbarriers; one consumer warpgroup per
+  stage (qkv_front_plan.TILES), into a ring of full / empty mbarriers (a partial tile's x in
+  boxes of 16 x 2^k rows that stop at most 15 rows past x, not one box reaching past it: TMA's
+  fill of rows outside a tensor is slow, bench/RESULTS.md); one consumer warpgroup per
   head issues each tile's four m64nTk16 wgmmas (A = weight, B = x, both from shared memory) into
   an fp32 accumulator that starts at 0, and releases a stage once the next one's wgmmas are
   issued (one group in flight).
@@ -72,8 +74,8 @@ from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32
-from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, QkvFrontConfig, ci_variants,  # noqa: F401
-                             deployment_variants, k_split, launch_config)
+from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, X_BOX_MIN_ROWS, X_BOXES_MAX,  # noqa: F401
+                             QkvFrontConfig, ci_variants, deployment_variants, k_split, launch_config)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
@@ -121,6 +123,7 @@ class QkvFrontSm90:
         self.consumer_threads = 128 * cfg.heads_per_cta
         self.producer_warp = 4 * cfg.heads_per_cta
         self.rows_per_pass = self.consumer_threads // ROW_THREADS
+        self.x_part_boxes = cfg.x_part_boxes
 
     @cute.jit
     def __call__(self, mX: cute.Tensor,       # bf16 [M, 8192]
@@ -143,16 +146,26 @@ class QkvFrontSm90:
                                                     cute.slice_(sW_layout, (None, None, 0)), (HEAD_DIM, K_TILE))
         tma_x, mX_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
                                                     cute.slice_(sX_layout, (None, None, 0)), (tokens, K_TILE))
+        # a partial tile's x in boxes of x_part_boxes rows (tiles up to 32 tokens: one box); the
+        # kernel takes X_BOXES_MAX of them, the unused ones the whole-tile box again
+        boxes = []
+        for rows in self.x_part_boxes:
+            box_layout = cute.tile_to_shape(atom, (rows, K_TILE, 1), (0, 1, 2))
+            boxes.append(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
+                                                     cute.slice_(box_layout, (None, None, 0)), (rows, K_TILE)))
+        boxes = boxes + [(tma_x, mX_tma)] * (X_BOXES_MAX - len(boxes))
         m = mX.shape[0]
         head_groups = mW.shape[0] // (HEAD_DIM * heads)
-        self.kernel(tma_w, mW_tma, tma_x, mX_tma, mPos, mSlot, mCS, mCache, mY, mErr, sW_layout, sX_layout,
+        self.kernel(tma_w, mW_tma, tma_x, mX_tma, boxes[0][0], boxes[0][1], boxes[1][0], boxes[1][1], boxes[2][0],
+                    boxes[2][1], boxes[3][0], boxes[3][1], mPos, mSlot, mCS, mCache, mY, mErr, sW_layout, sX_layout,
                     split).launch(
             grid=(split, head_groups, (m + tokens - 1) // tokens), block=(self.cfg.threads, 1, 1),
             cluster=(split, 1, 1), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
-               mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
+               tma_xb0: cute.CopyAtom, mXb0: cute.Tensor, tma_xb1: cute.CopyAtom, mXb1: cute.Tensor,
+               tma_xb2: cute.CopyAtom, mXb2: cute.Tensor, tma_xb3: cute.CopyAtom, mXb3: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
                mErr: cute.Tensor, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
         """CTA (rank, head_group, tile): the K tiles of `rank` for the heads_per_cta heads from
         head_group * heads_per_cta and the token_tile tokens from tile * token_tile. Warps
@@ -176,6 +189,8 @@ class QkvFrontSm90:
         if warp == self.producer_warp:
             cpasync.prefetch_descriptor(tma_w)
             cpasync.prefetch_descriptor(tma_x)
+            for box in (tma_xb0, tma_xb1, tma_xb2, tma_xb3)[:len(self.x_part_boxes)]:
+                cpasync.prefetch_descriptor(box)
             with cute.arch.elect_one():
                 for s in cutlass.range_constexpr(stages):
                     cute.arch.mbarrier_init(full + s, 1)
@@ -189,8 +204,9 @@ class QkvFrontSm90:
         n_k = (rank + 1) * K_TILES // split - kt_lo
 
         if warp == self.producer_warp:
-            self.produce(tma_w, mW_tma, tma_x, mX_tma, sW, sX, full, empty, head_group, tile, kt_lo, n_k,
-                         mPos, mSlot, mCS, mErr, sSlot, sPos, mY.shape[0])
+            self.produce(tma_w, mW_tma, tma_x, mX_tma, (tma_xb0, tma_xb1, tma_xb2, tma_xb3), (mXb0, mXb1, mXb2, mXb3),
+                         sW, sX, full, empty, head_group, tile, kt_lo, n_k, mPos, mSlot, mCS, mErr, sSlot, sPos,
+                         mY.shape[0])
             self.rings_drained()
         else:
             acc = self.consume(sW, sX, full, empty, n_k, warp // 4, tidx % 128)
@@ -211,11 +227,11 @@ class QkvFrontSm90:
 
     @cute.jit
     def produce(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
-                sW: cute.Tensor, sX: cute.Tensor, full, empty, head_group: Int32, tile: Int32, kt_lo: Int32,
-                n_k: Int32, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
+                box_atoms, box_tensors, sW: cute.Tensor, sX: cute.Tensor, full, empty, head_group: Int32, tile: Int32,
+                kt_lo: Int32, n_k: Int32, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
                 sSlot: cute.Tensor, sPos: cute.Tensor, m: Int32):
-        """The producer warp: per K tile, a weight box (64 x 64) per head and one x box (tokens x
-        64), tiles_per_stage K tiles to a stage. The weights of the first stages go out before
+        """The producer warp: per K tile, a weight box (64 x 64) per head and the tile's x
+        (load_x), tiles_per_stage K tiles to a stage. The weights of the first stages go out before
         griddepcontrol.wait; once the ring is full, the epilogue's indices are staged (stage_indices)."""
         tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
         tiles_per_stage = self.tiles_per_stage
@@ -225,12 +241,32 @@ class QkvFrontSm90:
                                          cute.group_modes(gW, 0, 2))
         tXs, tXg = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
                                          cute.group_modes(gX, 0, 2))
+        # the rows of x a K tile loads: the whole box, or for a partial tile its rows rounded up to
+        # X_BOX_MIN_ROWS, as boxes of x_part_boxes rows (qkv_front_plan.x_part_box_counts)
+        x_rows = Int32(tokens)
+        boxes = []   # (atom, smem boxes, gmem boxes, rows, count, first row in the tile)
+        if const_expr(len(self.x_part_boxes) > 0):
+            x_rows = cutlass.min(Int32(tokens), (m - tile * tokens + X_BOX_MIN_ROWS - 1) // X_BOX_MIN_ROWS
+                                 * X_BOX_MIN_ROWS)
+            left = x_rows
+            first = Int32(0)
+            for i, rows in enumerate(self.x_part_boxes):
+                gB = cute.flat_divide(box_tensors[i], (rows, K_TILE))    # (rows, 64, row blocks, 128)
+                sB = cute.flat_divide(sX, (rows, K_TILE))                # (rows, 64, tokens / rows, 1, slots)
+                tBs, tBg = cpasync.tma_partition(box_atoms[i], 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
+                                                 cute.group_modes(gB, 0, 2))
+                count = left // rows
+                boxes.append((box_atoms[i], tBs, tBg, rows, count, first))
+                left = left - count * rows
+                first = first + count * rows
+        whole = Int32(x_rows == tokens)
+        step_bytes = (heads * HEAD_DIM + x_rows) * K_TILE * 2
         n_stages = (n_k + tiles_per_stage - 1) // tiles_per_stage
         n_pre = cutlass.min(n_stages, Int32(stages))
         for i in cutlass.range(n_pre, unroll=1):
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(
-                    full + i, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * self.cfg.tile_bytes)
+                    full + i, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * step_bytes)
             for j in cutlass.range_constexpr(tiles_per_stage):
                 if i * tiles_per_stage + j < n_k:
                     for h in cutlass.range_constexpr(heads):
@@ -241,16 +277,15 @@ class QkvFrontSm90:
         for i in cutlass.range(n_pre, unroll=1):
             for j in cutlass.range_constexpr(tiles_per_stage):
                 if i * tiles_per_stage + j < n_k:
-                    cute.copy(tma_x, tXg[None, tile, kt_lo + i * tiles_per_stage + j],
-                              tXs[None, i * tiles_per_stage + j],
-                              tma_bar_ptr=full + i)
+                    self.load_x(tma_x, tXs, tXg, boxes, whole, tile, kt_lo + i * tiles_per_stage + j,
+                                i * tiles_per_stage + j, full + i)
         self.stage_indices(mPos, mSlot, mCS, mErr, sSlot, sPos, m, tile)   # the ring is in flight meanwhile
         for i in cutlass.range(n_pre, n_stages, unroll=1):
             s = i % stages
             cute.arch.mbarrier_wait(empty + s, (i // stages + 1) % 2)   # its previous use is released
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(
-                    full + s, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * self.cfg.tile_bytes)
+                    full + s, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * step_bytes)
             for j in cutlass.range_constexpr(tiles_per_stage):
                 if i * tiles_per_stage + j < n_k:
                     kt = kt_lo + i * tiles_per_stage + j
@@ -258,7 +293,26 @@ class QkvFrontSm90:
                         cute.copy(tma_w, tWg[None, head_group * heads + h, kt],
                                   tWs[None, (s * tiles_per_stage + j) * heads + h],
                                   tma_bar_ptr=full + s)
-                    cute.copy(tma_x, tXg[None, tile, kt], tXs[None, s * tiles_per_stage + j], tma_bar_ptr=full + s)
+                    self.load_x(tma_x, tXs, tXg, boxes, whole, tile, kt, s * tiles_per_stage + j, full + s)
+
+    @cute.jit
+    def load_x(self, tma_x: cute.CopyAtom, tXs: cute.Tensor, tXg: cute.Tensor, boxes, whole: Int32, tile: Int32,
+               kt: Int32, slot: Int32, bar):
+        """K tile kt of the tile's x into ring slot `slot`: one box for a whole tile, else the
+        partial tile's boxes (the last may reach past x by fewer than X_BOX_MIN_ROWS rows). Rows
+        past x keep whatever the ring held: they only reach the wgmma columns of tokens past M,
+        which nothing stores."""
+        if const_expr(len(boxes) == 0):
+            cute.copy(tma_x, tXg[None, tile, kt], tXs[None, slot], tma_bar_ptr=bar)
+        else:
+            if whole != 0:
+                cute.copy(tma_x, tXg[None, tile, kt], tXs[None, slot], tma_bar_ptr=bar)
+            else:
+                for atom, tBs, tBg, rows, count, first in boxes:
+                    for b in cutlass.range(count, unroll=1):
+                        block = first // rows + b
+                        cute.copy(atom, tBg[None, tile * (self.token_tile // rows) + block, kt],
+                                  tBs[None, block, 0, slot], tma_bar_ptr=bar)
 
     def tiled_mma(self):
         """The wgmma of a consumer warpgroup: 64 head columns x token_tile tokens, fp32."""

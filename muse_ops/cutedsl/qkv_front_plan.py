@@ -22,20 +22,64 @@ MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_spl
 SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB (barriers, indices, alignment)
 PARTIAL_ROW = HEAD_DIM + 4       # fp32 per (token, head) row of a partial in smem (+4: fewer bank conflicts)
 INDEX_DTYPES = ("int32", "int64")
+# A partial token tile (the last of a launch whose M is not a multiple of the tile) loads x in boxes
+# of X_BOX_MIN_ROWS x 2^k rows that together cover its rows rounded up to X_BOX_MIN_ROWS, at most
+# X_BOXES_MAX of them, instead of one box that reaches past the end of x: TMA's fill of rows
+# outside a tensor is slow (M=65, a 128-token tile with 63 of them: 23.1 us, against 17.0 in
+# boxes of 64 and 16 rows), and each box is one more instruction for the producer warp (seven
+# boxes of 16 rows a K tile made M=100 0.5 us slower than one box; 64 + 32 + 16 made it 1.3 us
+# faster). Tiles up to 32 tokens take one box (M=17: 15 rows outside x cost nothing measurable).
+# Measured: bench/RESULTS.md.
+X_BOX_MIN_ROWS = 16
+X_BOXES_MAX = 4
+
 # The PDL trigger after the main loop (the next kernel launches while this one's epilogue runs) is
 # compiled into the variants of token tiles up to this: in a stack of layers it saved 0.7-1 us per
 # layer at B=1 (M=8), but from B=8 (M=64) on, letting attn2 launch that early made the stack slower
 # (B=64: 103.6 us per layer against 98.2 without it; bench/chain.py, bench/RESULTS.md).
 TRIGGER_MAX_TILE = 16
 
-# (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Above
-# 128 tokens a CTA computes two heads, so x is read from L2 half as often (the large-M cases are
-# L2-bandwidth bound); tiles of 8 and 16 tokens take 4 K tiles a stage (fewer, longer wgmma groups:
-# that main loop is otherwise latency bound), 32 and 64 one (a ring of 8 one-tile stages: 0.5-0.7 us
-# faster than 4 and 2 tiles a stage). Measured: bench/RESULTS.md.
-TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128, 1, 1), (256, 128, 2, 1),
-         (1 << 62, 256, 2, 1))
+# (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
+# 192 tokens a CTA computes one head for all of them, so the weight streams once (M=192: 22.8 us
+# against 25.8 for two 128-token tiles of two heads). Above that a CTA computes two heads, so x
+# is read from L2 half as often (the large-M cases are L2-bandwidth bound): 128 tokens up to 256,
+# 192 up to 384 (two even tiles: M=300 37.0 against 41.1 for 256 + 44), 256 above. Tiles of 8
+# and 16 tokens take 4 K tiles a stage (fewer, longer wgmma groups: that main loop is otherwise
+# latency bound), 32 and 64 one (a ring of 8 one-tile stages: 0.5-0.7 us faster than 4 and 2
+# tiles a stage). Measured: bench/RESULTS.md.
+TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128, 1, 1), (192, 192, 1, 1),
+         (256, 128, 2, 1), (384, 192, 2, 1), (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
+
+
+def x_part_boxes(token_tile: int) -> tuple[int, ...]:
+    """Rows of each x box a partial tile may load, largest first (the largest may repeat): empty
+    for tiles of up to 32 tokens (one box); each divides the tile, so every box starts at a
+    multiple of its size. A partial tile of r rows (r rounded up to X_BOX_MIN_ROWS, r < tile)
+    takes r // largest boxes of the largest size, then one of each smaller size its binary digits
+    of the remainder ask for."""
+    if token_tile <= 32:
+        return ()
+    sizes, rows = [], X_BOX_MIN_ROWS
+    while rows < token_tile and token_tile % rows == 0 and len(sizes) < X_BOXES_MAX:
+        sizes.append(rows)
+        rows *= 2
+    return tuple(reversed(sizes))
+
+
+def x_part_box_counts(token_tile: int, x_rows: int) -> list[tuple[int, int]]:
+    """(box rows, boxes) a tile with x_rows rows of x loads (as the kernel derives them)."""
+    sizes = x_part_boxes(token_tile)
+    if not sizes or x_rows >= token_tile:
+        return [(token_tile, 1)]
+    left = -(-x_rows // X_BOX_MIN_ROWS) * X_BOX_MIN_ROWS
+    if left >= token_tile:
+        return [(token_tile, 1)]
+    counts = []
+    for rows in sizes:
+        counts.append((rows, left // rows))
+        left -= (left // rows) * rows
+    return [c for c in counts if c[1]]
 
 
 def heads(kv_heads: int) -> int:
@@ -93,6 +137,10 @@ class QkvFrontConfig:
     @property
     def tile_bytes(self) -> int:   # one K tile of the heads' weight rows and of x
         return stage_bytes(self.token_tile, self.heads_per_cta, 1)
+
+    @property
+    def x_part_boxes(self) -> tuple[int, ...]:
+        return x_part_boxes(self.token_tile)
 
     @property
     def stage_bytes(self) -> int:
