@@ -165,7 +165,8 @@ class QkvFrontSm90:
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
                tma_xb0: cute.CopyAtom, mXb0: cute.Tensor, tma_xb1: cute.CopyAtom, mXb1: cute.Tensor,
-               tma_xb2: cute.CopyAtom, mXb2: cute.Tensor, tma_xb3: cute.CopyAtom, mXb3: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
+               tma_xb2: cute.CopyAtom, mXb2: cute.Tensor, tma_xb3: cute.CopyAtom, mXb3: cute.Tensor,
+               mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
                mErr: cute.Tensor, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
         """CTA (rank, head_group, tile): the K tiles of `rank` for the heads_per_cta heads from
         head_group * heads_per_cta and the token_tile tokens from tile * token_tile. Warps

@@ -135,10 +135,6 @@ class QkvFrontConfig:
         return 128 * self.heads_per_cta + 32
 
     @property
-    def tile_bytes(self) -> int:   # one K tile of the heads' weight rows and of x
-        return stage_bytes(self.token_tile, self.heads_per_cta, 1)
-
-    @property
     def x_part_boxes(self) -> tuple[int, ...]:
         return x_part_boxes(self.token_tile)
 
