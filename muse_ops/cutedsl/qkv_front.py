@@ -74,8 +74,8 @@ from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32
-from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, X_BOX_MIN_ROWS, X_BOXES_MAX,  # noqa: F401
-                             QkvFrontConfig, ci_variants, deployment_variants, k_split, launch_config)
+from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, X_BOX_MIN_ROWS, QkvFrontConfig,  # noqa: F401
+                             ci_variants, deployment_variants, k_split, launch_config)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
@@ -146,27 +146,24 @@ class QkvFrontSm90:
                                                     cute.slice_(sW_layout, (None, None, 0)), (HEAD_DIM, K_TILE))
         tma_x, mX_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
                                                     cute.slice_(sX_layout, (None, None, 0)), (tokens, K_TILE))
-        # a partial tile's x in boxes of x_part_boxes rows (tiles up to 32 tokens: one box); the
-        # kernel takes X_BOXES_MAX of them, the unused ones the whole-tile box again
+        # a partial tile's x in boxes of x_part_boxes rows (tiles up to 32 tokens: none, one box);
+        # the kernel takes their atoms and tensors as two tuples, as many as the tile uses (each is
+        # a tensor map the launch builds and passes: a tile that needs none gets none)
         boxes = []
         for rows in self.x_part_boxes:
             box_layout = cute.tile_to_shape(atom, (rows, K_TILE, 1), (0, 1, 2))
             boxes.append(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
                                                      cute.slice_(box_layout, (None, None, 0)), (rows, K_TILE)))
-        boxes = boxes + [(tma_x, mX_tma)] * (X_BOXES_MAX - len(boxes))
         m = mX.shape[0]
         head_groups = mW.shape[0] // (HEAD_DIM * heads)
-        self.kernel(tma_w, mW_tma, tma_x, mX_tma, boxes[0][0], boxes[0][1], boxes[1][0], boxes[1][1], boxes[2][0],
-                    boxes[2][1], boxes[3][0], boxes[3][1], mPos, mSlot, mCS, mCache, mY, mErr, sW_layout, sX_layout,
-                    split).launch(
+        self.kernel(tma_w, mW_tma, tma_x, mX_tma, tuple(a for a, _ in boxes), tuple(t for _, t in boxes), mPos, mSlot,
+                    mCS, mCache, mY, mErr, sW_layout, sX_layout, split).launch(
             grid=(split, head_groups, (m + tokens - 1) // tokens), block=(self.cfg.threads, 1, 1),
             cluster=(split, 1, 1), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
-               tma_xb0: cute.CopyAtom, mXb0: cute.Tensor, tma_xb1: cute.CopyAtom, mXb1: cute.Tensor,
-               tma_xb2: cute.CopyAtom, mXb2: cute.Tensor, tma_xb3: cute.CopyAtom, mXb3: cute.Tensor,
-               mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
+               box_atoms: tuple, box_tensors: tuple, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
                mErr: cute.Tensor, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
         """CTA (rank, head_group, tile): the K tiles of `rank` for the heads_per_cta heads from
         head_group * heads_per_cta and the token_tile tokens from tile * token_tile. Warps
@@ -190,7 +187,7 @@ class QkvFrontSm90:
         if warp == self.producer_warp:
             cpasync.prefetch_descriptor(tma_w)
             cpasync.prefetch_descriptor(tma_x)
-            for box in (tma_xb0, tma_xb1, tma_xb2, tma_xb3)[:len(self.x_part_boxes)]:
+            for box in box_atoms:
                 cpasync.prefetch_descriptor(box)
             with cute.arch.elect_one():
                 for s in cutlass.range_constexpr(stages):
@@ -205,8 +202,7 @@ class QkvFrontSm90:
         n_k = (rank + 1) * K_TILES // split - kt_lo
 
         if warp == self.producer_warp:
-            self.produce(tma_w, mW_tma, tma_x, mX_tma, (tma_xb0, tma_xb1, tma_xb2, tma_xb3), (mXb0, mXb1, mXb2, mXb3),
-                         sW, sX, full, empty, head_group, tile, kt_lo, n_k, mPos, mSlot, mCS, mErr, sSlot, sPos,
+            self.produce(tma_w, mW_tma, tma_x, mX_tma, box_atoms, box_tensors, sW, sX, full, empty, head_group, tile, kt_lo, n_k, mPos, mSlot, mCS, mErr, sSlot, sPos,
                          mY.shape[0])
             self.rings_drained()
         else:
