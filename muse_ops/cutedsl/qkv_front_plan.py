@@ -70,15 +70,13 @@ def x_part_boxes(token_tile: int) -> tuple[int, ...]:
 def x_part_box_counts(token_tile: int, x_rows: int) -> list[tuple[int, int]]:
     """(box rows, boxes) a tile with x_rows rows of x loads (as the kernel derives them)."""
     sizes = x_part_boxes(token_tile)
-    if not sizes or x_rows >= token_tile:
-        return [(token_tile, 1)]
     left = -(-x_rows // X_BOX_MIN_ROWS) * X_BOX_MIN_ROWS
-    if left >= token_tile:
+    if not sizes or left >= token_tile:
         return [(token_tile, 1)]
     counts = []
     for rows in sizes:
-        counts.append((rows, left // rows))
-        left -= (left // rows) * rows
+        count, left = divmod(left, rows)
+        counts.append((rows, count))
     return [c for c in counts if c[1]]
 
 
