@@ -25,6 +25,8 @@ for (B, L, W, labels) in CASES:
         lens = MIXED if B == "mixed" else None
         msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else L)
         case = run_dev.build_case(64 if B == "mixed" else B, L, W, lens=lens, over=over, msl=msl)
+        if built:   # the same inputs for every variant (their outputs are compared)
+            case.pools, case.y, case.seq = built[0][2].pools, built[0][2].y, built[0][2].seq
         run_dev.graph_us(case)          # compile + warm
         built.append((lab, f, case))
     ts = {lab: [] for lab, _, _ in built}
@@ -32,10 +34,16 @@ for (B, L, W, labels) in CASES:
         for lab, f, case in built:
             run_dev.A, run_dev.KERNEL = mods[f], (mods[f] if f else None)
             ts[lab].append(run_dev.graph_us(case))
-    for lab, _, case in built:
+    outs = []
+    for lab, f, case in built:   # every variant's out on pool 0 (same tree: the same bits)
+        run_dev.A, run_dev.KERNEL = mods[f], (mods[f] if f else None)
+        c, p = case.pools[0]
+        run_dev.launch.launch_attn2(case.y, c, p, case.seq, case.out, case.ws, case.err, _kernel=run_dev.KERNEL, **case.kw)
+        outs.append(case.out.clone())
         assert int(case.err.item()) == 0
+    differ = [lab for (lab, _, _), o in zip(built, outs) if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16))]
     fl = built[0][2].pool_bytes / 4.1e12 * 1e6
-    print(f"AB {str((B, L, W)):22s} floor {fl:7.2f} | " + " | ".join(
+    print(f"AB {str((B, L, W)):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
         f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)
     del built
     torch.cuda.empty_cache()

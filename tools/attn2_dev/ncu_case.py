@@ -6,6 +6,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import run_dev
 
 B, L, W = (int(x) for x in sys.argv[1:4])
-over = {k: int(v) for k, v in (a.split("=") for a in sys.argv[4:])}
+over = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (a.split("=") for a in sys.argv[4:])}
 us, fl, by = run_dev.bench_case(B, L, W, over=over, reps=3)
 print(f"case {(B, L, W)} {over}: {us:.2f} us, floor {fl:.2f}", flush=True)

@@ -93,10 +93,10 @@ def build_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, msl=1 << 18):
 def graph_us(case, reps=20, replays=5):
     """Per-call us (median) of one CUDA graph of max(reps, pools) launches cycling the pools
     (bench.timing's capture and timer)."""
-    def launch(i):
+    def one_call(i):
         c, p = case.pools[i]
         launch.launch_attn2(case.y, c, p, case.seq, case.out, case.ws, case.err, _kernel=KERNEL, **case.kw)
-    return T.graph_time_us(launch, len(case.pools), replays=replays, min_calls=reps)["us"]
+    return T.graph_time_us(one_call, len(case.pools), replays=replays, min_calls=reps)["us"]
 
 
 def bench_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, reps=20, msl=1 << 18):
