@@ -60,8 +60,9 @@ request whatever the batch; docs/DESIGN.md section 11):
 - KV ring: `stages` stages of pages_per_step pages. Warp 0 issues, per page, one TMA box (16 rows x
   64 columns) for its K half and one for its V half into 128 B-swizzled smem (the canonical K-major
   wgmma layout), completing on the stage's mbarrier; a CTA barrier per step frees the stage read in
-  the step before. A page that the page table does not give (past the last page, or invalid) is read
-  at page index num_pages, outside the tensor map, so TMA fills zeros and still counts its bytes.
+  the step before (a wide CTA refills it while the step's S wgmma runs, a deep one before that
+  wgmma). A page that the page table does not give (past the last page, or invalid) is read at
+  page index num_pages, outside the tensor map, so TMA fills zeros and still counts its bytes.
   The tail page's V rows >= L are zeroed in smem before use (the cache holds anything there and
   0 * NaN = NaN); their logits, and those of invalid pages, are masked. Masking (causal, window,
   tail, invalid pages) runs on edge steps only.
@@ -121,7 +122,7 @@ from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, SUB_CHUNKS,
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
                          workspace_bytes, workspace_layout)
 from .ptx import (fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, mul_rn, pack_bf16x2, quad_max, quad_sum, select,
-                  set_error_bit, sub_rn, wgmma_group)
+                  set_error_bit, sub_rn, wgmma_commit, wgmma_group)
 
 LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30
@@ -650,18 +651,24 @@ class Attn2Sm90:
             # every warp is done with step k-1, so its stage may be refilled
             cute.arch.sync_threads()
             k_next = k + stages - 1
-            if warp == 0:
-                if k_next < my_steps:
-                    _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, k_next, k_next % stages,
-                               num_pages, self.pages_per_step, self.page_table_max)
+            if const_expr(not self.wide):
+                self.refill_stage(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, k_next, my_steps, num_pages, warp)
             kbase = (page_base + k * self.pages_per_step) * PAGE_SIZE
             for p in cutlass.range_constexpr(self.pages_per_step):
                 inv[p] = Int32(sPT[cutlass.min(k * self.pages_per_step + p, Int32(self.page_table_max - 1))] < 0)
             cute.arch.mbarrier_wait(full + stage, (k // stages) % 2)
             self.zero_tail_rows(sV, stage, k, tail_lo, tail_hi, tidx)
 
-            # ---- S = Q K^T (raw logits; the scale is folded into the exp)
-            wgmma_group(atom_qk, tSrS, tSrQ, tSrK[None, None, None, stage], True)
+            # ---- S = Q K^T (raw logits; the scale is folded into the exp). Wide: warp 0 issues
+            # the refill while this wgmma runs, off the path the other warps wait on at it
+            # (B=4 L=8192 13.2 against 13.9 us); deep refills first (issued this late, B=16
+            # L=8192 took 28.8 against 27.7). Measured: bench/RESULTS.md, twelfth run.
+            if const_expr(self.wide):
+                wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, stage], True)
+                self.refill_stage(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, k_next, my_steps, num_pages, warp)
+                cute.nvgpu.warpgroup.wait_group(0)
+            else:
+                wgmma_group(atom_qk, tSrS, tSrQ, tSrK[None, None, None, stage], True)
             self.mask_logits(tSrS, tScS, inv, kbase, lo_all, pos0, t0, t1)
             self.online_softmax(tSrS, tOrO, row_max, row_sum, corr, scale_log2)
 
@@ -675,6 +682,16 @@ class Attn2Sm90:
                     chunk_lo, chunk_end = self.fold_chunk(tOrO, row_max, row_sum, acc_o, acc_m, acc_l, fw,
                                                           chunk_lo, tree, k_begin)
         return thr_pv, o_part, m_part, l_part
+
+    @cute.jit
+    def refill_stage(self, tma_atom: cute.CopyAtom, tKVg: cute.Tensor, tKs: cute.Tensor, tVs: cute.Tensor, full,
+                     sPT: cute.Tensor, kv_head: Int32, k_next: Int32, my_steps: Int32, num_pages: Int32, warp: Int32):
+        """Warp 0, in step k after the step's CTA barrier: ring step k_next = k + stages - 1, if the
+        CTA has it, into its stage (the one step k - 1 read, which every warp is done with)."""
+        if warp == 0:
+            if k_next < my_steps:
+                _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, k_next, k_next % self.stages,
+                           num_pages, self.pages_per_step, self.page_table_max)
 
     @cute.jit
     def zero_tail_rows(self, sV: cute.Tensor, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32,

@@ -91,14 +91,21 @@ def st_dsmem_f32(addr: Int32, v: Float32):
 
 
 @cute.jit
-def wgmma_group(mma_atom, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, zero_init: cutlass.Constexpr[bool]):
-    """acc (+)= A B over the k blocks of tA / tB, one wgmma group, waited for."""
+def wgmma_commit(mma_atom, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, zero_init: cutlass.Constexpr[bool]):
+    """acc (+)= A B over the k blocks of tA / tB, issued as one committed wgmma group and not
+    waited for: acc, and the smem tA / tB read, belong to the wgmma until a wait_group."""
     cute.nvgpu.warpgroup.fence()
     mma_atom.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, not zero_init)
     for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
         cute.gemm(mma_atom, acc, tA[None, None, kb], tB[None, None, kb], acc)
         mma_atom.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     cute.nvgpu.warpgroup.commit_group()
+
+
+@cute.jit
+def wgmma_group(mma_atom, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, zero_init: cutlass.Constexpr[bool]):
+    """acc (+)= A B over the k blocks of tA / tB, one wgmma group, waited for."""
+    wgmma_commit(mma_atom, acc, tA, tB, zero_init)
     cute.nvgpu.warpgroup.wait_group(0)
 
 
