@@ -3,8 +3,10 @@ usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2_dev/ab.py
   AB_VARIANTS: [(label, kernel module file or None for muse_ops', config override dict), ...]
   AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768]
   AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench)
-Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) and timed
-in turn, round after round, so drifts of the GPU hit all of them alike."""
+Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) on the
+first variant's inputs and timed in turn, round after round, so drifts of the GPU hit all of them
+alike; then each variant's out on the first input set is compared in bits with the first
+variant's, and the line names those that differ (the layouts compute one tree: the same bits)."""
 import os, sys, statistics
 sys.path.insert(0, os.path.dirname(__file__))
 import run_dev
