@@ -59,7 +59,7 @@
 // The interface version muse_ops/cutedsl/shims.py expects: it reads this marker from the file
 // before loading it, so a library built from older sources is never loaded (bump on any change of
 // the ops below or of what Python calls).
-extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=2;";
+extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=3;";
 
 namespace muse_shims {
 namespace {
@@ -140,7 +140,9 @@ struct State {
   std::atomic<int64_t> fast[2] = {0, 0};
   std::atomic<int64_t> slow[2] = {0, 0};
   std::atomic<bool> last_fast[2] = {false, false};
-  // host time of the fast path (the C++ kernel's whole body, and its kernel call alone), in ns
+  // host time of the fast path (the C++ kernel's whole body, and its kernel call alone), in ns,
+  // kept only while `clock` is on (bench/host.py: its six clock reads cost ~0.15 us a call)
+  std::atomic<bool> clock{false};
   std::atomic<int64_t> fast_ns[2] = {0, 0};
   std::atomic<int64_t> launch_ns[2] = {0, 0};
   std::atomic<int64_t> plan_ns[2] = {0, 0};   // the checks and the variant lookup
@@ -264,7 +266,8 @@ struct Args {
 // stream, set here around the call and restored after it).
 void call(const Kernel& kernel, Args& args, const char* op, int op_index) {
   State& s = state();
-  const int64_t t0 = now_ns();
+  const bool clocked = s.clock.load(std::memory_order_relaxed);
+  const int64_t t0 = clocked ? now_ns() : 0;
   c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(args.device));
   void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
   TVMFFIStreamHandle previous = nullptr;
@@ -274,7 +277,7 @@ void call(const Kernel& kernel, Args& args, const char* op, int op_index) {
   result.type_index = kTVMFFINone;
   int rc = kernel.call(kernel.self, args.values, args.count, &result);
   s.ffi.set_stream(kDLCUDA, args.device, previous, nullptr);
-  s.launch_ns[op_index].fetch_add(now_ns() - t0, std::memory_order_relaxed);
+  if (clocked) s.launch_ns[op_index].fetch_add(now_ns() - t0, std::memory_order_relaxed);
   if (rc != 0) {
     TVMFFIObjectHandle error = nullptr;
     s.ffi.move_error(&error);
@@ -481,19 +484,37 @@ const char* plan_attn2(const at::Tensor* y, const at::Tensor& kv_cache, const at
   return nullptr;
 }
 
-// The host-time accounting of one fast call: t0 entry, t1 after the plan, t2 after the allocation.
+// The host-time accounting of one fast call: t0 entry, t1 after the plan, t2 after the allocation
+// (the clock reads only while State::clock is on; the call counts always).
 struct FastCallClock {
   int op;
-  int64_t t0 = now_ns(), t1 = 0, t2 = 0;
-  void planned() { t1 = now_ns(); }
-  void allocated() { t2 = now_ns(); }
+  bool on = state().clock.load(std::memory_order_relaxed);
+  int64_t t0 = on ? now_ns() : 0, t1 = 0, t2 = 0;
+  void planned() {
+    if (on) t1 = now_ns();
+  }
+  void allocated() {
+    if (on) t2 = now_ns();
+  }
   void launched() {
     State& s = state();
-    s.plan_ns[op].fetch_add(t1 - t0, std::memory_order_relaxed);
-    s.alloc_ns[op].fetch_add(t2 - t1, std::memory_order_relaxed);
+    if (on) {
+      s.plan_ns[op].fetch_add(t1 - t0, std::memory_order_relaxed);
+      s.alloc_ns[op].fetch_add(t2 - t1, std::memory_order_relaxed);
+      s.fast_ns[op].fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    }
     s.fast[op].fetch_add(1, std::memory_order_relaxed);
-    s.fast_ns[op].fetch_add(now_ns() - t0, std::memory_order_relaxed);
     s.last_fast[op].store(true, std::memory_order_relaxed);
+  }
+};
+
+// The device guard of a launch, engaged only where the current device is not the inputs' (the
+// allocator and the launch use the current one): most calls already run on it, and the guard's
+// restore costs a driver query each time.
+struct LaunchDevice {
+  std::optional<c10::DeviceGuard> guard;
+  explicit LaunchDevice(const c10::Device& device) {
+    if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice() != device) guard.emplace(device);
   }
 };
 
@@ -505,7 +526,7 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
   if (const char* why = plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, p))
     return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
   clock.planned();
-  c10::DeviceGuard on_device(kv_cache.device());   // the output and the launch: the inputs' device
+  LaunchDevice on_device(kv_cache.device());   // the output and the launch: the inputs' device
   at::Tensor y = new_output(*p.device, {p.m, p.n}, at::kBFloat16);
   clock.allocated();
   Args args;
@@ -534,7 +555,7 @@ at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at:
     return attn2_python(why, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                         backend);
   clock.planned();
-  c10::DeviceGuard on_device(kv_cache.device());
+  LaunchDevice on_device(kv_cache.device());
   at::Tensor out = new_output(*p.device, {y.size(0), kGroup * p.kv_heads * kHeadDim}, at::kBFloat16);
   clock.allocated();
   Args args;
@@ -734,6 +755,7 @@ TORCH_LIBRARY(muse, m) {
   m.def("_shims_note_python(int op) -> ()",
         [](int64_t op) { state().last_fast[op != 0].store(false, std::memory_order_relaxed); });
   m.def("_shims_stats() -> int[]", &stats);
+  m.def("_shims_set_clock(bool on) -> ()", [](bool on) { state().clock.store(on, std::memory_order_relaxed); });
   m.def("_shims_step_ready(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
         "Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor? workspace, *, int q_len, int window, "
         "float scale, int max_seq_len, str? backend=None) -> bool");

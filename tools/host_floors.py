@@ -1,10 +1,11 @@
-"""Interleaved host-time rounds of the two public ops and of the C++ no-op ops with their argument
+"""Interleaved host-time rounds of the two public ops (torch.ops.muse.* and muse_ops.*) and of the C++ no-op ops with their argument
 lists (the dispatcher's floor for each schema), so a slow phase of the machine hits every path
 alike: python tools/host_floors.py (B=1 L=512; needs the C++ ops, the checkout on PYTHONPATH). Median of the rounds' medians, us."""
 import statistics
 
 import torch
 
+import muse_ops
 from bench.host import host_us, public_calls
 
 
@@ -14,9 +15,11 @@ def main() -> None:
         b, cache, x, w, ws, y, kw = calls["inputs"]
         paths = {
             "torch.ops.muse.qkv_front": calls["qkv_front"],
+            "muse_ops.qkv_front": lambda: muse_ops.qkv_front(x, w, b.positions, b.slots, None, cache),
             "qkv_front's floor (_shims_null)": lambda: torch.ops.muse._shims_null(x, w, b.positions, b.slots, None,
                                                                                   cache),
             "torch.ops.muse.attn2": calls["attn2"],
+            "muse_ops.attn2": lambda: muse_ops.attn2(y, cache, b.page_table, b.seq_lens, workspace=ws, **kw),
             "attn2's floor (_shims_null_attn2)": lambda: torch.ops.muse._shims_null_attn2(
                 y, cache, b.page_table, b.seq_lens, ws, **kw),
             "attn2's floor, workspace not (a!)": lambda: torch.ops.muse._shims_null_attn2_const(

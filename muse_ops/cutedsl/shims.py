@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 ENV = "MUSE_OPS_SHIMS"
-ABI = 2     # muse_shims_abi in csrc_shims/muse_shims.cpp
+ABI = 3     # muse_shims_abi in csrc_shims/muse_shims.cpp
 LIBRARY_NAME = "libmuse_shims.so"
 SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -162,8 +162,9 @@ def last_was_cpp(op: str) -> bool:
 
 def stats() -> dict:
     """Calls served by the C++ path ("cpp") and handed to Python ("python") per op, the C++ path's
-    mean host time per call ("cpp_us": the whole C++ kernel; "launch_us": its kernel call), and
-    the variants registered ("qkv_front variants", "attn2 deployments")."""
+    mean host time per call ("cpp_us": the whole C++ kernel; "launch_us": its kernel call; both
+    counted only while set_clock(True), so a mean is over all calls only if the clock ran for
+    all of them), and the variants registered ("qkv_front variants", "attn2 deployments")."""
     if not loaded():
         return {}
     s = torch.ops.muse._shims_stats()
@@ -174,6 +175,13 @@ def stats() -> dict:
         us = {k.replace("_ns", "_us"): (round(ns[k] / n / 1e3, 2) if n else None) for k in ("cpp_ns", "launch_ns")}
         return {"cpp": n, "python": s[2 * i + 1], **us, **ns}
     return {op: per_op(i) for i, op in enumerate(OPS)} | {"qkv_front variants": s[6], "attn2 deployments": s[7]}
+
+
+def set_clock(on: bool) -> None:
+    """Whether the C++ path times its parts (stats()'s "*_ns"; off by default: the clock reads
+    cost ~0.15 us a call). The call counts are kept either way."""
+    if loaded():
+        torch.ops.muse._shims_set_clock(bool(on))
 
 
 def error_flag(device: torch.device) -> torch.Tensor | None:
