@@ -82,7 +82,7 @@ def timed_with_cpp_share(op: str, fn) -> tuple[float, dict]:
         after = shims.stats().get(op, {})
     finally:
         shims.set_clock(False)
-    n = after.get("cpp", 0) - before.get("cpp", 0)
+    n = after.get("clocked", 0) - before.get("clocked", 0)
     share = {part: (after[f"{part}_ns"] - before[f"{part}_ns"]) / n / 1e3
              for part in ("cpp", "launch", "plan", "alloc")} if n else {}
     return us, share

@@ -13,6 +13,7 @@
 //   implementation (`muse::_qkv_front_py`, `muse::_attn2_py`), which raises the package's own
 //   errors or runs what the call asks for. In a program without Python the same cases raise
 //   ValueError naming the reason.
+// - `_shims_layer_step`: MuseAttentionDecode's eager step (both ops) in one dispatcher call.
 //
 // Where the kernels come from: Python registers every variant it compiles or loads (a TVM-FFI
 // function handle, kept alive here by a reference), or `_shims_load_library` dlopens an
@@ -59,7 +60,7 @@
 // The interface version muse_ops/cutedsl/shims.py expects: it reads this marker from the file
 // before loading it, so a library built from older sources is never loaded (bump on any change of
 // the ops below or of what Python calls).
-extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=3;";
+extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=4;";
 
 namespace muse_shims {
 namespace {
@@ -143,6 +144,7 @@ struct State {
   // host time of the fast path (the C++ kernel's whole body, and its kernel call alone), in ns,
   // kept only while `clock` is on (bench/host.py: its six clock reads cost ~0.15 us a call)
   std::atomic<bool> clock{false};
+  std::atomic<int64_t> clocked[2] = {0, 0};   // the fast calls made with the clock on
   std::atomic<int64_t> fast_ns[2] = {0, 0};
   std::atomic<int64_t> launch_ns[2] = {0, 0};
   std::atomic<int64_t> plan_ns[2] = {0, 0};   // the checks and the variant lookup
@@ -266,8 +268,8 @@ struct Args {
 // stream, set here around the call and restored after it).
 void call(const Kernel& kernel, Args& args, const char* op, int op_index) {
   State& s = state();
-  const bool clocked = s.clock.load(std::memory_order_relaxed);
-  const int64_t t0 = clocked ? now_ns() : 0;
+  const bool timed = s.clock.load(std::memory_order_relaxed);
+  const int64_t t0 = timed ? now_ns() : 0;
   c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(args.device));
   void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
   TVMFFIStreamHandle previous = nullptr;
@@ -277,7 +279,7 @@ void call(const Kernel& kernel, Args& args, const char* op, int op_index) {
   result.type_index = kTVMFFINone;
   int rc = kernel.call(kernel.self, args.values, args.count, &result);
   s.ffi.set_stream(kDLCUDA, args.device, previous, nullptr);
-  if (clocked) s.launch_ns[op_index].fetch_add(now_ns() - t0, std::memory_order_relaxed);
+  if (timed) s.launch_ns[op_index].fetch_add(now_ns() - t0, std::memory_order_relaxed);
   if (rc != 0) {
     TVMFFIObjectHandle error = nullptr;
     s.ffi.move_error(&error);
@@ -403,7 +405,7 @@ at::Tensor attn2_python(const char* why, const at::Tensor& y, const at::Tensor& 
 
 // ------------------------------------------------------------------------- the ops
 // Each op is a plan (every check of the fast path; null, or why the call goes to Python) and a
-// launch. The step gate runs both plans of a layer step before either op writes anything.
+// launch. A layer step in one call (layer_step) runs both plans before either op writes anything.
 struct FrontPlan {
   Kernel kernel;
   Device* device = nullptr;
@@ -484,6 +486,12 @@ const char* plan_attn2(const at::Tensor* y, const at::Tensor& kv_cache, const at
   return nullptr;
 }
 
+void count_fast(int op) {
+  State& s = state();
+  s.fast[op].fetch_add(1, std::memory_order_relaxed);
+  s.last_fast[op].store(true, std::memory_order_relaxed);
+}
+
 // The host-time accounting of one fast call: t0 entry, t1 after the plan, t2 after the allocation
 // (the clock reads only while State::clock is on; the call counts always).
 struct FastCallClock {
@@ -502,9 +510,9 @@ struct FastCallClock {
       s.plan_ns[op].fetch_add(t1 - t0, std::memory_order_relaxed);
       s.alloc_ns[op].fetch_add(t2 - t1, std::memory_order_relaxed);
       s.fast_ns[op].fetch_add(now_ns() - t0, std::memory_order_relaxed);
+      s.clocked[op].fetch_add(1, std::memory_order_relaxed);
     }
-    s.fast[op].fetch_add(1, std::memory_order_relaxed);
-    s.last_fast[op].store(true, std::memory_order_relaxed);
+    count_fast(op);
   }
 };
 
@@ -518,17 +526,10 @@ struct LaunchDevice {
   }
 };
 
-at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
-                          const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, at::Tensor& kv_cache,
-                          std::optional<c10::string_view> backend) {
-  FastCallClock clock{kQkvFront};
-  FrontPlan p;
-  if (const char* why = plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, p))
-    return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
-  clock.planned();
-  LaunchDevice on_device(kv_cache.device());   // the output and the launch: the inputs' device
-  at::Tensor y = new_output(*p.device, {p.m, p.n}, at::kBFloat16);
-  clock.allocated();
+// The launches of planned calls (the plans passed, the launch device current, the output allocated).
+void launch_qkv_front(const FrontPlan& p, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
+                      const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, const at::Tensor& kv_cache,
+                      const at::Tensor& y) {
   Args args;
   args.device = kv_cache.device().index();
   args.tensor(x);
@@ -541,6 +542,42 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
   args.tensor(p.device->error_flag);
   args.integer(k_split(p.kv_heads));
   call(p.kernel, args, "qkv_front", kQkvFront);
+}
+
+void launch_attn2(const AttnPlan& p, const at::Tensor& y, const at::Tensor& kv_cache, const at::Tensor& page_table,
+                  const at::Tensor& seq_lens, const at::Tensor& workspace, double scale, int64_t max_seq_len,
+                  const at::Tensor& out) {
+  Args args;
+  args.device = kv_cache.device().index();
+  args.tensor(y);
+  args.tensor(kv_cache);
+  args.tensor(page_table);
+  args.tensor(seq_lens);
+  args.tensor(out);
+  args.tensor(workspace);
+  args.tensor(p.device->error_flag);
+  args.real(scale);
+  args.integer(max_seq_len);
+  args.integer(p.device->sm_count);   // attn2_plan.wave_ctas
+  call(p.entry.kernel, args, "attn2", kAttn2);
+}
+
+at::Tensor attn2_output(const AttnPlan& p, int64_t rows) {
+  return new_output(*p.device, {rows, kGroup * p.kv_heads * kHeadDim}, at::kBFloat16);
+}
+
+at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
+                          const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin, at::Tensor& kv_cache,
+                          std::optional<c10::string_view> backend) {
+  FastCallClock clock{kQkvFront};
+  FrontPlan p;
+  if (const char* why = plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, p))
+    return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
+  clock.planned();
+  LaunchDevice on_device(kv_cache.device());   // the output and the launch: the inputs' device
+  at::Tensor y = new_output(*p.device, {p.m, p.n}, at::kBFloat16);
+  clock.allocated();
+  launch_qkv_front(p, x, weight, positions, slots, cos_sin, kv_cache, y);
   clock.launched();
   return y;
 }
@@ -556,38 +593,39 @@ at::Tensor attn2_cuda(const at::Tensor& y, const at::Tensor& kv_cache, const at:
                         backend);
   clock.planned();
   LaunchDevice on_device(kv_cache.device());
-  at::Tensor out = new_output(*p.device, {y.size(0), kGroup * p.kv_heads * kHeadDim}, at::kBFloat16);
+  at::Tensor out = attn2_output(p, y.size(0));
   clock.allocated();
-  Args args;
-  args.device = kv_cache.device().index();
-  args.tensor(y);
-  args.tensor(kv_cache);
-  args.tensor(page_table);
-  args.tensor(seq_lens);
-  args.tensor(out);
-  args.tensor(*workspace);
-  args.tensor(p.device->error_flag);
-  args.real(scale);
-  args.integer(max_seq_len);
-  args.integer(p.device->sm_count);   // attn2_plan.wave_ctas
-  call(p.entry.kernel, args, "attn2", kAttn2);
+  launch_attn2(p, y, kv_cache, page_table, seq_lens, *workspace, scale, max_seq_len, out);
   clock.launched();
   return out;
 }
 
-// Whether both ops of a layer step (qkv_front, then attn2 on its y) will take the C++ path: then
-// neither can refuse the step after the first has written the cache (MuseAttentionDecode's eager
-// step asks this instead of running Python's whole-step check).
-bool step_ready(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions, const at::Tensor& slots,
-                const std::optional<at::Tensor>& cos_sin, const at::Tensor& kv_cache, const at::Tensor& page_table,
-                const at::Tensor& seq_lens, const std::optional<at::Tensor>& workspace, int64_t q_len, int64_t window,
-                double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
+// A whole layer step in one call (MuseAttentionDecode's eager step): both plans, i.e. every check
+// of the step (attn2's on y follow from qkv_front's: y is [q_len * R, N] by construction), before
+// either kernel writes anything; then qkv_front and attn2 on its y. One dispatcher call where the
+// step took three (a step gate and the two ops, each parsing its arguments). Returns None, having
+// written nothing, where the step cannot take the C++ path: the caller then checks it in Python
+// and calls the ops one by one. Counted as a fast call of each op, not clocked.
+std::optional<at::Tensor> layer_step(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& positions,
+                                     const at::Tensor& slots, const std::optional<at::Tensor>& cos_sin,
+                                     at::Tensor& kv_cache, const at::Tensor& page_table, const at::Tensor& seq_lens,
+                                     const std::optional<at::Tensor>& workspace, int64_t q_len, int64_t window,
+                                     double scale, int64_t max_seq_len, std::optional<c10::string_view> backend) {
   FrontPlan front;
   AttnPlan attn;
-  return !plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, front) &&
-         !plan_attn2(nullptr, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len, backend,
-                     attn) &&
-         front.m == q_len * attn.r;
+  if (plan_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend, front) ||
+      plan_attn2(nullptr, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len, backend,
+                 attn) ||
+      front.m != q_len * attn.r)
+    return std::nullopt;
+  LaunchDevice on_device(kv_cache.device());
+  at::Tensor y = new_output(*front.device, {front.m, front.n}, at::kBFloat16);
+  at::Tensor out = attn2_output(attn, front.m);
+  launch_qkv_front(front, x, weight, positions, slots, cos_sin, kv_cache, y);
+  count_fast(kQkvFront);
+  launch_attn2(attn, y, kv_cache, page_table, seq_lens, *workspace, scale, max_seq_len, out);
+  count_fast(kAttn2);
+  return out;
 }
 
 // ------------------------------------------------------------------------- registration (Python, tables)
@@ -716,7 +754,7 @@ std::vector<int64_t> stats() {
   return {s.fast[0].load(), s.slow[0].load(), s.fast[1].load(), s.slow[1].load(), s.last_fast[0].load(),
           s.last_fast[1].load(), qkv, static_cast<int64_t>(s.attn2.size()), s.fast_ns[0].load(),
           s.fast_ns[1].load(), s.launch_ns[0].load(), s.launch_ns[1].load(), s.plan_ns[0].load(),
-          s.plan_ns[1].load(), s.alloc_ns[0].load(), s.alloc_ns[1].load()};
+          s.plan_ns[1].load(), s.alloc_ns[0].load(), s.alloc_ns[1].load(), s.clocked[0].load(), s.clocked[1].load()};
 }
 
 int64_t plan(std::string what, std::vector<int64_t> a) {   // the formulas, for the tests
@@ -756,9 +794,10 @@ TORCH_LIBRARY(muse, m) {
         [](int64_t op) { state().last_fast[op != 0].store(false, std::memory_order_relaxed); });
   m.def("_shims_stats() -> int[]", &stats);
   m.def("_shims_set_clock(bool on) -> ()", [](bool on) { state().clock.store(on, std::memory_order_relaxed); });
-  m.def("_shims_step_ready(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
-        "Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor? workspace, *, int q_len, int window, "
-        "float scale, int max_seq_len, str? backend=None) -> bool");
+  // positional scalars: each keyword costs the Python argument parser ~0.5 us (bench/RESULTS.md)
+  m.def("_shims_layer_step(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
+        "Tensor(a!) kv_cache, Tensor page_table, Tensor seq_lens, Tensor(b!)? workspace, int q_len, int window, "
+        "float scale, int max_seq_len, str? backend) -> Tensor?");
   m.def("_shims_clear() -> ()", &clear);
   // the dispatcher's own cost for qkv_front's argument list (bench/host.py: the floor of a call)
   m.def("_shims_null(Tensor x, Tensor weight, Tensor positions, Tensor slots, Tensor? cos_sin, "
@@ -779,7 +818,7 @@ TORCH_LIBRARY(muse, m) {
 TORCH_LIBRARY_IMPL(muse, CUDA, m) {
   m.impl("qkv_front", &muse_shims::qkv_front_cuda);
   m.impl("attn2", &muse_shims::attn2_cuda);
-  m.impl("_shims_step_ready", &muse_shims::step_ready);
+  m.impl("_shims_layer_step", &muse_shims::layer_step);
   m.impl("_shims_null", [](const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, at::Tensor&, std::optional<c10::string_view>) { return x; });
   const auto null_attn2 = [](const at::Tensor& y, const at::Tensor&, const at::Tensor&, const at::Tensor&,

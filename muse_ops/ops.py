@@ -205,7 +205,7 @@ else:
 # only: traced calls go through the OpOverload, which Dynamo knows)
 _QKV_FRONT_CALL = torch.ops.muse.qkv_front.default._op
 _ATTN2_CALL = torch.ops.muse.attn2.default._op
-_STEP_READY = torch.ops.muse._shims_step_ready.default._op if CPP else None
+_LAYER_STEP = torch.ops.muse._shims_layer_step.default._op if CPP else None
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -312,29 +312,24 @@ def check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_l
     return front, attn
 
 
-def step_ready(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
-               window: int, scale: float, max_seq_len: int, backend: str | None = None) -> bool:
-    """Whether both ops of this layer step will launch from C++ (the C++ ops' own checks, a few
-    microseconds): then the step needs no other check. False where the C++ ops are absent."""
-    if not CPP or not kv_cache.is_cuda:
-        return False
-    return _STEP_READY(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len=q_len,
-                       window=window, scale=scale, max_seq_len=max_seq_len, backend=backend)
-
-
 def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
              window: int, scale: float, max_seq_len: int, backend: str | None = None) -> torch.Tensor | None:
     """A layer step (qkv_front, then attn2 on its y) in a plain eager call, every check before the
-    first write. Where the C++ ops serve the device: their step gate (step_ready), else the whole
-    check in Python, then the two C++ ops. Otherwise every check once (check_step), then both
-    Python bodies. Returns None where the call is not plain eager (tracing, a dispatch mode,
-    inputs that require grad): the caller then checks the step and calls the registered ops."""
+    first write. Where the C++ ops serve the device: the whole step in one C++ call (its two plans,
+    then both launches); where that declines (having written nothing), the whole check in Python,
+    then the two ops. Otherwise every check once (check_step), then both Python bodies. Returns
+    None where the call is not plain eager (tracing, a dispatch mode, inputs that require grad):
+    the caller then checks the step and calls the registered ops."""
     if not _plain_eager(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace):
         return None
+    if CPP and kv_cache.is_cuda:
+        out = _LAYER_STEP(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len,
+                          window, scale, max_seq_len, backend)
+        if out is not None:
+            return out
     kw = dict(q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len, backend=backend)
     if CPP and kv_cache.is_cuda:
-        if not step_ready(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, **kw):
-            check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, **kw)
+        check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, **kw)
         y = qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
         return attn2(y, kv_cache, page_table, seq_lens, workspace=workspace, **kw)
     if workspace is None:

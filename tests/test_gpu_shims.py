@@ -193,6 +193,33 @@ def test_gpu_shims_graph_and_compile_launch_from_cpp():
     assert_layer_close(eager, ref)
 
 
+def test_gpu_shims_layer_step_is_one_cpp_call_with_the_ops_bits():
+    """MuseAttentionDecode's eager step runs as one C++ call (muse::_shims_layer_step): the bits of
+    y's consumer (out) and of the cache equal those of the two ops called one by one; a step whose
+    inputs are wrong is refused by the package's checks before anything is written."""
+    cfg = muse_ops.DeploymentConfig.full(kv_heads=2, max_seq_len=8192, max_batch=4)
+    layer, b, cache, x = _layer_step(cfg, [40, 2100, 8000], seed=11)
+    args = (b.positions, b.slots)
+    with torch.inference_mode():
+        layer(x, *args, cache.clone(), b.page_table, b.seq_lens)     # every variant registered
+        step_cache, ops_cache = cache.clone(), cache.clone()
+        front0, attn0 = _counts("qkv_front"), _counts("attn2")
+        out = layer(x, *args, step_cache, b.page_table, b.seq_lens)
+        assert _counts("qkv_front") == (front0[0] + 1, front0[1]) and _counts("attn2") == (attn0[0] + 1, attn0[1])
+        y = torch.ops.muse.qkv_front(x, layer.qkv_weight, *args, None, ops_cache)
+        out_ops = torch.ops.muse.attn2(y, ops_cache, b.page_table, b.seq_lens, layer.workspace, q_len=8, window=0,
+                                       scale=cfg.scale, max_seq_len=8192)
+        bad_cache = cache.clone()
+        with pytest.raises(muse_ops.MuseInputError, match="page_table"):
+            layer(x, *args, bad_cache, b.page_table[:2], b.seq_lens)
+        with pytest.raises(muse_ops.MuseInputError, match="positions"):
+            layer(x, b.positions[:-1], b.slots, bad_cache, b.page_table, b.seq_lens)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(out), _bits(out_ops)) and torch.equal(_bits(step_cache), _bits(ops_cache))
+    assert not torch.equal(_bits(step_cache), _bits(cache)), "the step inserted nothing"
+    assert torch.equal(_bits(bad_cache), _bits(cache)), "a refused step wrote the cache"
+
+
 def _example_build(tmp_path) -> Path:
     from torch.utils import cpp_extension
     exe = tmp_path / "verify_step"

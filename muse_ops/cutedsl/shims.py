@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 ENV = "MUSE_OPS_SHIMS"
-ABI = 3     # muse_shims_abi in csrc_shims/muse_shims.cpp
+ABI = 4     # muse_shims_abi in csrc_shims/muse_shims.cpp
 LIBRARY_NAME = "libmuse_shims.so"
 SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -162,18 +162,20 @@ def last_was_cpp(op: str) -> bool:
 
 def stats() -> dict:
     """Calls served by the C++ path ("cpp") and handed to Python ("python") per op, the C++ path's
-    mean host time per call ("cpp_us": the whole C++ kernel; "launch_us": its kernel call; both
-    counted only while set_clock(True), so a mean is over all calls only if the clock ran for
-    all of them), and the variants registered ("qkv_front variants", "attn2 deployments")."""
+    mean host time per call ("cpp_us": the whole C++ kernel; "launch_us": its kernel call; means
+    over the "clocked" calls, those made while set_clock(True); a layer step in one C++ call
+    counts for both ops but is not clocked), and the variants registered ("qkv_front variants",
+    "attn2 deployments")."""
     if not loaded():
         return {}
     s = torch.ops.muse._shims_stats()
 
     def per_op(i: int) -> dict:   # the layout of _shims_stats (csrc_shims/muse_shims.cpp, stats)
-        n = s[2 * i]
+        n, clocked = s[2 * i], s[16 + i]
         ns = {"cpp_ns": s[8 + i], "launch_ns": s[10 + i], "plan_ns": s[12 + i], "alloc_ns": s[14 + i]}
-        us = {k.replace("_ns", "_us"): (round(ns[k] / n / 1e3, 2) if n else None) for k in ("cpp_ns", "launch_ns")}
-        return {"cpp": n, "python": s[2 * i + 1], **us, **ns}
+        us = {k.replace("_ns", "_us"): (round(ns[k] / clocked / 1e3, 2) if clocked else None)
+              for k in ("cpp_ns", "launch_ns")}
+        return {"cpp": n, "python": s[2 * i + 1], "clocked": clocked, **us, **ns}
     return {op: per_op(i) for i, op in enumerate(OPS)} | {"qkv_front variants": s[6], "attn2 deployments": s[7]}
 
 
