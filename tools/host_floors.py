@@ -1,4 +1,5 @@
-"""Interleaved host-time rounds of the two public ops (torch.ops.muse.* and muse_ops.*) and of the C++ no-op ops with their argument
+"""Interleaved host-time rounds of the two public ops (torch.ops.muse.* and muse_ops.*), of the layer's
+eager step (one C++ call) against its two ops called one by one, and of the C++ no-op ops with their argument
 lists (the dispatcher's floor for each schema), so a slow phase of the machine hits every path
 alike: python tools/host_floors.py (B=1 L=512; needs the C++ ops, the checkout on PYTHONPATH). Median of the rounds' medians, us."""
 import statistics
@@ -25,12 +26,22 @@ def main() -> None:
             "attn2's floor, workspace not (a!)": lambda: torch.ops.muse._shims_null_attn2_const(
                 y, cache, b.page_table, b.seq_lens, ws, **kw),
         }
+        cfg = muse_ops.DeploymentConfig.full(kv_heads=2, max_seq_len=16384, max_batch=128)
+        layer = muse_ops.MuseAttentionDecode(cfg, device="cuda")
+        layer.prepare()
+        layer.qkv_weight.data.copy_(w)
+        step = (x, b.positions, b.slots, cache, b.page_table, b.seq_lens)
+        layer(*step)
+        paths["layer eager (one C++ call)"] = lambda: layer(*step)
+        paths["the layer's two ops (muse_ops.*, no step check)"] = lambda: muse_ops.attn2(
+            muse_ops.qkv_front(x, w, b.positions, b.slots, None, cache), cache, b.page_table, b.seq_lens,
+            workspace=layer.workspace, **kw)
         times = {k: [] for k in paths}
         for _ in range(7):
             for k, fn in paths.items():
                 times[k].append(host_us(fn))
     for k, t in times.items():
-        print(f"{k:40s} {statistics.median(t):6.2f} us  ({' '.join(f'{v:.1f}' for v in t)})", flush=True)
+        print(f"{k:50s} {statistics.median(t):6.2f} us  ({' '.join(f'{v:.1f}' for v in t)})", flush=True)
 
 
 if __name__ == "__main__":
