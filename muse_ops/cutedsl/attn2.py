@@ -97,8 +97,11 @@ request whatever the batch; docs/DESIGN.md section 11):
   tried and measured slower (pushing the level-1 rows into the merging CTA with st.async or
   st.shared::cluster instead of pulling them; 1-step chunks at L = 8192): bench/RESULTS.md and
   bench/RESULTS-archive.md.
-- Epilogue: o = bf16(O * rcp(l)); ss summed over the thread's columns in order then a fixed
-  butterfly; rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
+- Epilogue: o = bf16(O * rcp(l)); ss = the sum of the 64 squares in one fixed tree whatever
+  the layout (_sum_of_squares: leaves of 4 columns, then a balanced tree over the 16 leaves; the
+  layouts give a row 4, 8 or 16 threads, so a thread's own columns then a butterfly over its
+  lanes would sum in a layout's order, and a request's bits would move with the batch);
+  rsqrt.approx; sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig).
 """
 from __future__ import annotations
 
@@ -121,7 +124,7 @@ from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, SUB_CHUNKS,
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
                          workspace_bytes, workspace_layout)
-from .ptx import (fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, mul_rn, pack_bf16x2, quad_max, quad_sum, select,
+from .ptx import (add_rn, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, mul_rn, pack_bf16x2, quad_max, quad_sum, select,
                   set_error_bit, sub_rn, wgmma_commit, wgmma_group)
 
 LOG2E = 1.4426950408889634
@@ -222,6 +225,40 @@ def _load_step(tma_atom: cute.CopyAtom, tKVg: cute.Tensor, tKs: cute.Tensor, tVs
         cute.copy(tma_atom, tKVg[None, 0, 1, kv_head, src], tVs[None, page], tma_bar_ptr=full + stage)
 
 
+SS_LEAF = 4   # columns per leaf of the sum-of-squares tree (the fewest columns a thread of a row holds)
+
+
+def _pairwise_sum(values: list):
+    """A balanced binary tree of add.rn over a power-of-two list, in order (plain Python: it
+    unrolls at trace time)."""
+    while len(values) > 1:
+        values = [add_rn(values[2 * i], values[2 * i + 1]) for i in range(len(values) // 2)]
+    return values[0]
+
+
+@cute.jit
+def _sum_of_squares(of: cute.Tensor, columns_per_thread: cutlass.Constexpr[int],
+                    threads_per_row: cutlass.Constexpr[int]) -> Float32:
+    """The sum of a row's 64 squares, of[c]^2 over this thread's columns_per_thread columns and
+    its row's threads_per_row lanes (consecutive lanes, consecutive columns), in one order for
+    every (columns_per_thread, threads_per_row) of the layouts: 16 leaves of SS_LEAF columns
+    (mul, then fma in column order), then a balanced binary tree over the leaves in column order.
+    The thread's own leaves are the tree's lower levels; the butterfly over the lanes (offsets
+    1, 2, 4, ..) its upper ones: lane i ^ offset holds the sibling subtree, and a + b == b + a.
+    Every operation is explicit .rn PTX (nothing for ptxas to contract differently)."""
+    leaves = []
+    for leaf in cutlass.range_constexpr(columns_per_thread // SS_LEAF):
+        c0 = leaf * SS_LEAF
+        s = mul_rn(of[c0], of[c0])
+        for c in cutlass.range_constexpr(c0 + 1, c0 + SS_LEAF):
+            s = fma_rn(of[c], of[c], s)
+        leaves.append(s)
+    ss = _pairwise_sum(leaves)
+    for b in cutlass.range_constexpr(int(math.log2(threads_per_row))):
+        ss = add_rn(ss, cute.arch.shuffle_sync_bfly(ss, offset=1 << b))
+    return ss
+
+
 @cute.jit
 def _epilogue(o: cute.Tensor, gt: cute.Tensor, mOut: cute.Tensor, row_g: Int32,
               qcol: Int32, active: Int32, columns_per_thread: cutlass.Constexpr[int],
@@ -233,11 +270,7 @@ def _epilogue(o: cute.Tensor, gt: cute.Tensor, mOut: cute.Tensor, row_g: Int32,
     ob.store(o.load().to(BFloat16))
     of = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
     of.store(ob.load().to(Float32))
-    ss = of[0] * of[0]
-    for c in cutlass.range_constexpr(1, columns_per_thread):
-        ss = ss + of[c] * of[c]
-    for b in cutlass.range_constexpr(int(math.log2(threads_per_row))):   # fixed butterfly over the row's lanes
-        ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << b)
+    ss = _sum_of_squares(of, columns_per_thread, threads_per_row)
     rs = cute.math.rsqrt(ss * (1.0 / HEAD_DIM) + RMS_EPS, fastmath=True)
     gf = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
     gf.store(gt.load().to(Float32))
@@ -301,6 +334,8 @@ class Attn2Sm90:
         self.rows_per_rank = cfg.rows_per_rank      # rows each cluster rank merges and writes
         self.threads_per_row = min(16, THREADS // self.rows_per_rank)   # in the merges / epilogue
         self.columns_per_thread = HEAD_DIM // self.threads_per_row
+        # _sum_of_squares: whole leaves per thread, a power-of-two count of them
+        assert self.columns_per_thread % SS_LEAF == 0 and (self.columns_per_thread // SS_LEAF) in (1, 2, 4, 8, 16)
         self.page_table_max = cfg.pt_max            # page-table entries of a CTA in smem
 
     @cute.jit
