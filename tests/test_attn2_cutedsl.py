@@ -232,7 +232,7 @@ def test_pdl_chain_shares_workspace():
     A = _kernel()
     q_len, window, hkv, msl = 8, 0, 2, 8192
     cfg = A.launch_config(1, hkv, q_len, window, msl)
-    steps = -(-msl // PAGE_SIZE // cfg.sp)
+    steps = -(-msl // PAGE_SIZE // cfg.pages_per_step)
     assert hkv * A.split_plan(steps)[1] <= A.wave_ctas("cuda"), "the chain would not trigger"
     calls = [make_case([msl - 37 * k], hkv, q_len, seed=40 + k) for k in range(4)]
     refs = [attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)

@@ -68,19 +68,19 @@ class Attn2Config:
     nodes_max: int    # most nodes of a request under this deployment (<= NODES_MAX)
     chunk_max: int    # most steps per chunk under this deployment
     stages: int       # TMA ring depth
-    sp: int = 4       # pages per ring step (keys per step = 16 * sp, the N of S = Q K^T)
+    pages_per_step: int = 4   # pages per ring step (keys per step = 16 pages, the N of S = Q K^T)
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
     pdl: bool = True  # programmatic dependent launch (griddepcontrol.wait before any global access)
     node_min_steps: int = NODE_MIN_STEPS   # ring steps per node before another is opened (split_plan)
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
 
     @property
-    def mr(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
+    def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
         return self.q_len * GROUP
 
     @property
-    def nk(self):      # keys per step
-        return self.sp * PAGE_SIZE
+    def keys_per_step(self):   # the N of S = Q K^T
+        return self.pages_per_step * PAGE_SIZE
 
     @property
     def sub_chunks(self):
@@ -91,15 +91,15 @@ class Attn2Config:
         return self.layout == "wide"
 
     @property
-    def cs(self):      # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep)
+    def cluster_size(self):    # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep)
         return self.sub_chunks if self.wide else 2
 
     @property
-    def cpc(self):     # chunks per CTA: 1 (wide) or a sub (deep)
+    def chunks_per_cta(self):  # 1 (wide) or a sub (deep)
         return 1 if self.wide else self.sub_chunks
 
     @property
-    def cl_max(self):  # clusters per (request, KV head) in the grid: subs (wide) or nodes
+    def max_clusters(self):    # clusters per (request, KV head) in the grid: subs (wide) or nodes
         return 2 * self.nodes_max if self.wide else self.nodes_max
 
     @property
@@ -107,12 +107,12 @@ class Attn2Config:
         return 2 * self.nodes_max
 
     @property
-    def pt_max(self):  # page-table entries of one CTA kept in smem
-        return self.cpc * self.chunk_max * self.sp
+    def page_table_max(self):  # page-table entries of one CTA kept in smem
+        return self.chunks_per_cta * self.chunk_max * self.pages_per_step
 
     @property
     def rows_per_rank(self):   # query rows each CTA of a cluster merges and writes
-        return max(1, self.mr // self.cs)
+        return max(1, self.query_rows // self.cluster_size)
 
     @functools.cached_property
     def compile_key(self):     # max_seq_len is a run-time argument of the kernel
@@ -129,12 +129,12 @@ class Attn2Config:
         # once): B=1 L=8192 9.3 vs 9.5, but B=8 L=2048 17.1 vs 13.2 (3 CTAs per SM instead of 5);
         # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
         assert layout in LAYOUTS, layout
-        sp = 4
+        pages_per_step = 4
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
         else:
             vis_pages = (max_seq_len + PAGE_SIZE - 1) // PAGE_SIZE
-        steps = (vis_pages + sp - 1) // sp
+        steps = (vis_pages + pages_per_step - 1) // pages_per_step
         per_sub = chunks_per_sub or sub_chunks(window)
         if per_sub == 1 and layout == "wide":
             layout = "deep"       # with one chunk per sub the wide layout is the deep one
@@ -151,10 +151,10 @@ class Attn2Config:
             # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91: one
             # chunk per sub, a dev override now); wide: no bound (94 registers)
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 0
-        cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, sp,
+        cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0)
-        # the merge buffer (MR x 64 fp32) reuses the K and V rings
-        assert 2 * cfg.stages * cfg.nk * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
+        # the merge buffer (query rows x 64 fp32) reuses the K and V rings
+        assert 2 * cfg.stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         return cfg
 
 
@@ -163,9 +163,9 @@ def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tupl
     O [R*Hkv*slots, mr, 64], fp32 (m, l) [R*Hkv*slots, mr, 2]; the uint32 arrival counters, one
     per (request, KV head, cluster rank < SUB_CHUNKS), count back from the end of the buffer."""
     nslot = num_requests * kv_heads * cfg.slots
-    off = 4 * nslot * cfg.mr * HEAD_DIM
+    off = 4 * nslot * cfg.query_rows * HEAD_DIM
     n_cnt = num_requests * kv_heads * SUB_CHUNKS
-    return off, n_cnt, (off + 4 * nslot * cfg.mr * 2 + 4 * n_cnt + 15) // 16 * 16
+    return off, n_cnt, (off + 4 * nslot * cfg.query_rows * 2 + 4 * n_cnt + 15) // 16 * 16
 
 
 
