@@ -112,6 +112,16 @@ class _CompileFloor(torch.nn.Module):
         return x[:, :1024] * 2
 
 
+def prepared_layer(weight: torch.Tensor) -> "muse_ops.MuseAttentionDecode":
+    """A full-attention MuseAttentionDecode of the deployment attn2 is timed in (ATTN2_KW), with
+    this fused weight, its variants prepared."""
+    cfg = muse_ops.DeploymentConfig.full(kv_heads=KV_HEADS, max_seq_len=ATTN2_KW["max_seq_len"], max_batch=128)
+    layer = muse_ops.MuseAttentionDecode(cfg, device="cuda")
+    layer.prepare()
+    layer.qkv_weight.data.copy_(weight)
+    return layer
+
+
 def _inputs(batch: int, length: int):
     gen = torch.Generator().manual_seed(batch)
     lengths = [length] * batch
@@ -171,10 +181,7 @@ def measure() -> list[dict]:
                         row.update({f"{part}_us": v for part, v in share.items()})
                     row["single_us"] = one_at_a_time_us(fn)
                     rows.append(row)
-        cfg = muse_ops.DeploymentConfig.full(kv_heads=KV_HEADS, max_seq_len=16384, max_batch=128)
-        layer = muse_ops.MuseAttentionDecode(cfg, device="cuda")
-        layer.prepare()
-        layer.qkv_weight.data.copy_(w)
+        layer = prepared_layer(w)
         args = (x, b.positions, b.slots, cache, b.page_table, b.seq_lens)
         with torch.inference_mode():
             rows.append({"op": "layer", "B": batch, "L": length, "path": "layer eager",

@@ -322,13 +322,12 @@ def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_len
     the caller then checks the step and calls the registered ops."""
     if not _plain_eager(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace):
         return None
+    kw = dict(q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len, backend=backend)
     if CPP and kv_cache.is_cuda:
         out = _LAYER_STEP(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len,
                           window, scale, max_seq_len, backend)
         if out is not None:
             return out
-    kw = dict(q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len, backend=backend)
-    if CPP and kv_cache.is_cuda:
         check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, **kw)
         y = qkv_front(x, weight, positions, slots, cos_sin, kv_cache, backend=backend)
         return attn2(y, kv_cache, page_table, seq_lens, workspace=workspace, **kw)

@@ -7,7 +7,7 @@ import statistics
 import torch
 
 import muse_ops
-from bench.host import host_us, public_calls
+from bench.host import host_us, prepared_layer, public_calls
 
 
 def main() -> None:
@@ -26,10 +26,7 @@ def main() -> None:
             "attn2's floor, workspace not (a!)": lambda: torch.ops.muse._shims_null_attn2_const(
                 y, cache, b.page_table, b.seq_lens, ws, **kw),
         }
-        cfg = muse_ops.DeploymentConfig.full(kv_heads=2, max_seq_len=16384, max_batch=128)
-        layer = muse_ops.MuseAttentionDecode(cfg, device="cuda")
-        layer.prepare()
-        layer.qkv_weight.data.copy_(w)
+        layer = prepared_layer(w)
         step = (x, b.positions, b.slots, cache, b.page_table, b.seq_lens)
         layer(*step)
         paths["layer eager (one C++ call)"] = lambda: layer(*step)

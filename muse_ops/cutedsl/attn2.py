@@ -317,9 +317,9 @@ class Attn2Sm90:
         self.cfg = cfg
         self.q_len = cfg.q_len
         self.window = cfg.window
-        self.rows = cfg.query_rows                          # real query rows: q_len * 8 of the M_TILE
+        self.rows = cfg.query_rows                  # real query rows: q_len * 8 of the M_TILE
         self.pages_per_step = cfg.pages_per_step
-        self.keys_per_step = cfg.keys_per_step                 # 16 * pages_per_step: the N of S = Q K^T
+        self.keys_per_step = cfg.keys_per_step      # 16 * pages_per_step: the N of S = Q K^T
         self.stages = cfg.stages                    # KV ring stages
         self.wide = cfg.wide                        # layout: a CTA per chunk (else per sub)
         self.sub_chunks = cfg.sub_chunks
@@ -328,7 +328,7 @@ class Attn2Sm90:
         # the CTA folds its chunks in a second accumulator; a one-chunk CTA needs none, since
         # fold(I, X) = X exactly (weights ex2(-1e30 - m) = 0 and ex2(0) = 1, fma(0, 0, x) = x)
         self.second_accumulator = cfg.chunks_per_cta > 1
-        self.max_clusters = cfg.max_clusters              # clusters per (request, KV head) in the grid
+        self.max_clusters = cfg.max_clusters        # clusters per (request, KV head) in the grid
         self.slots = cfg.slots                      # workspace partials per (request, KV head)
         self.nodes_max = cfg.nodes_max
         self.rows_per_rank = cfg.rows_per_rank      # rows each cluster rank merges and writes
@@ -336,7 +336,7 @@ class Attn2Sm90:
         self.columns_per_thread = HEAD_DIM // self.threads_per_row
         # _sum_of_squares: whole leaves per thread, a power-of-two count of them
         assert self.columns_per_thread % SS_LEAF == 0 and (self.columns_per_thread // SS_LEAF) in (1, 2, 4, 8, 16)
-        self.page_table_max = cfg.page_table_max            # page-table entries of a CTA in smem
+        self.page_table_max = cfg.page_table_max    # page-table entries of a CTA in smem
 
     @cute.jit
     def __call__(self, mY: cute.Tensor,       # bf16 [q_len*R, N]
