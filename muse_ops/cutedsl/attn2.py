@@ -38,17 +38,21 @@ request whatever the batch; docs/DESIGN.md section 11):
   step (measured with globaltimer stamps, bench/RESULTS.md): a request alone needs many short
   CTAs, a full batch needs few long ones. The price in deep: a second O accumulator (126
   registers, 4 CTAs per SM) and a fold per chunk.
-- PDL: every launch may start while its predecessor in the stream runs; griddepcontrol.wait
-  comes before the first global access (only the TMA descriptor prefetch and the mbarrier init
-  precede it), so any predecessor is safe. A wide grid of at most one working CTA per SM
+- PDL: every launch may start while its predecessor in the stream runs. Before
+  griddepcontrol.wait a CTA reads only seq_lens and the page table (and may OR the bad-page bit
+  into the error flag); Q (y) and the KV cache, which qkv_front writes, and every other write wait
+  for it. So the kernel right before attn2 must not write seq_lens or the page table after
+  triggering its dependents early: qkv_front and attn2 do not, and a kernel that does not trigger
+  early has finished before attn2 starts. A wide grid of at most one working CTA per SM
   triggers its dependent launch after the main loop, so the next kernel's launch overlaps our
   merges when it is launched with PDL too; other grids do not trigger (the next grid's early
   CTAs took SM slots from ours, measured) and the next kernel launches as our CTAs exit.
 - Start of a CTA: seq_len, then the page-table entries of its chunks, then the first KV load are
-  three dependent latencies. A wide CTA issues its Q loads and three guesses of its page-table
-  entries (32 from step s, 2 s and 3 s: where chunk s starts when steps // chunks is exactly 1, 2
-  or 3) with seq_len's load, and takes the entries from a guess that covers them; a deep CTA
-  issues Q before its page-table loads. Nothing depends on a guess being right.
+  three dependent latencies; the first two run before the PDL wait, under the predecessor's
+  tail. A wide CTA issues three guesses of its page-table entries (32 from step s, 2 s and 3 s:
+  where chunk s starts when steps // chunks is exactly 1, 2 or 3) with seq_len's load, and takes
+  the entries from a guess that covers them. Nothing depends on a guess being right. After the
+  wait, the first KV loads and Q go out together.
 - Grid (cluster_size, Hkv * R, max_clusters) with clusters of cluster_size CTAs along x: the
   cluster index is the slowest dimension, so the clusters that have work (low indices) are
   dispatched first and the idle ones (beyond the request's subs / nodes) exit at the end. 128
@@ -382,10 +386,11 @@ class Attn2Sm90:
         cluster_size + block_rank of the reduction tree of (request, KV head) = divmod(block_pair,
         kv_heads): every query row of the pair, and the chunks [split * chunks_per_cta, ..) of the
         request's chunks (reduction_tree). Phases, in order (every thread calls each; its
-        docstring says which threads act): barriers and the PDL wait; Q and page-table guesses;
-        then either the invalid length (zero rows, error bit) or, for a CTA of a live cluster:
-        page table and Q to smem, the KV ring and the main loop, the partial to smem, the level-1
-        (cluster) merge, the level-2 (workspace) merge, the epilogue. A CTA of a live cluster
+        docstring says which threads act): barriers; before the PDL wait, seq_len and the
+        page-table guesses, then (a live CTA of a valid length) its page-table entries to smem;
+        the PDL wait; then either the invalid length (zero rows, error bit) or, for a CTA of a
+        live cluster: the first KV loads and Q to smem, the main loop, the partial to smem, the
+        level-1 (cluster) merge, the level-2 (workspace) merge, the epilogue. A CTA of a live cluster
         reaches both cluster barriers (merge_cluster and the final wait) whatever its steps; a CTA
         of an idle cluster (beyond the request's subs or nodes) or of a bad length exits before
         either, and so does the rest of its cluster (same request, same cluster index)."""
@@ -410,39 +415,42 @@ class Attn2Sm90:
         sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
 
         self.init_barriers(tma_atom, full, warp)
-        # ---- PDL: this grid may start while its predecessor in the stream still runs; nothing
-        # global is read or written before the predecessor is done, so any kernel may precede
-        # (one that writes seq_lens or the page table too). Measured (tools/attn2_dev,
-        # interleaved): B=1 L=8192 8.16 against 8.56 us without PDL. The trigger for the next
-        # grid comes after the main loop (trigger_dependents).
-        if const_expr(self.cfg.pdl):
-            cute.arch.griddepcontrol_wait()
-        qv, pt_guess = self.load_query_and_guesses(mY, mPT, request, kv_head, split, tidx, warp, lane)
+        # ---- PDL: this grid may start while its predecessor in the stream still runs. Before
+        # griddepcontrol.wait it reads only seq_len and its page-table entries (into sPT; a bad
+        # entry sets its error bit, an atomic OR) and writes nothing else global: the kernel
+        # right before attn2 in a step is qkv_front (or attn2, or a kernel that does not trigger
+        # its dependents early and so has finished), and none of them writes the lengths or the
+        # page table (docs/DESIGN.md section 11 states it as the contract). So after the wait
+        # only Q and the first KV loads remain, in parallel, where seq_len -> page table -> KV
+        # were three dependent latencies. Measured: bench/RESULTS.md, fourteenth run. The
+        # trigger for the next grid comes after the main loop (trigger_dependents).
+        pt_guess = self.load_page_table_guesses(mPT, request, split, warp, lane)
         L = mSeq[request]
         bad_len = Int32(L < self.q_len) + Int32(L > max_seq_len)
+        tree = self.reduction_tree(L, split)
+        if bad_len == 0:
+            if tree.cluster < tree.n_clusters:
+                k_begin, my_steps, page_base = self.cta_steps(tree)
+                self.stage_page_table(mPT, sPT, mErr, tree, page_base, my_steps, pt_guess, num_pages,
+                                      request, split, tidx, warp, lane)
+                cute.arch.sync_threads()               # sPT and the mbarriers visible
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()
         if bad_len != 0:
             self.write_bad_length(mOut, mErr, request, kv_head, split, tidx)
         else:
-            tree = self.reduction_tree(L, split)
             if tree.cluster < tree.n_clusters:
                 # every CTA of a live cluster runs to the cluster barriers, even with no steps
-                k_begin = tree.chunk_lo * tree.n_steps // tree.n_chunks
-                my_steps = tree.chunk_hi * tree.n_steps // tree.n_chunks - k_begin
-                page_base = tree.first_page + k_begin * self.pages_per_step
-
-                # ---- Q (row m = token*8 + head; rows >= self.rows zero): a wide CTA issued its
-                # loads with seq_len's; a deep one issues them now, before its page-table loads, and
-                # stores them to smem after those (the two latencies overlap)
-                if const_expr(not self.wide):
-                    _load_q(mY, qv, request, kv_head, tidx, self.q_len)
-                self.stage_page_table(mPT, sPT, mErr, tree, page_base, my_steps, pt_guess, num_pages,
-                                      request, split, tidx, warp, lane)
-                self.store_query(sQ, qv, tidx)
-                cute.arch.fence_view_async_shared()    # sQ (generic stores) -> wgmma (async proxy)
-                cute.arch.sync_threads()               # sQ, sPT and the mbarriers visible
-
+                k_begin, my_steps, page_base = self.cta_steps(tree)
+                # the first KV loads (warp 0) and Q go out together: their latencies overlap
                 tKVg, tKs, tVs = self.ring_prologue(tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT,
                                                     kv_head, my_steps, num_pages, warp)
+                # ---- Q (row m = token*8 + head; rows >= self.rows zero)
+                qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
+                _load_q(mY, qv, request, kv_head, tidx, self.q_len)
+                self.store_query(sQ, qv, tidx)
+                cute.arch.fence_view_async_shared()    # sQ (generic stores) -> wgmma (async proxy)
+                cute.arch.sync_threads()               # sQ visible
                 thr_pv, o_part, m_part, l_part = self.main_loop(
                     tma_atom, tKVg, tKs, tVs, full, sQ, sK, sV, sPT, tree, L, k_begin, page_base, my_steps,
                     kv_head, num_pages, scale_log2, tidx, warp, lane)
@@ -478,24 +486,30 @@ class Attn2Sm90:
                 cute.arch.mbarrier_init_fence()
 
     @cute.jit
-    def load_query_and_guesses(self, mY: cute.Tensor, mPT: cute.Tensor, request: Int32, kv_head: Int32,
-                               split: Int32, tidx: Int32, warp: Int32, lane: Int32):
-        """Every thread, right after the PDL wait; returns (qv, pt_guess). Wide: issue what does
-        not need L together with L (one latency instead of three): Q (the CTA's rows of y, into
-        registers qv) and warp w < 3's guess pt_guess of the CTA's page-table entries, 32 from
-        step (w + 1) * split: chunk s starts at step s * steps // chunks, which one of them covers
-        when steps / chunks is close to 1, 2 or 3 (every L <= 1024 and L a multiple of 2048 up to
-        24576; 63% of the L up to 16384; split_plan). A guess, checked against L in
-        stage_page_table; measured 0.2-0.4 us faster at B=1 (L = 512, 6000, 8192). Deep: qv is
-        loaded later (after L) and pt_guess is -1."""
-        qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
+    def load_page_table_guesses(self, mPT: cute.Tensor, request: Int32, split: Int32, warp: Int32,
+                                lane: Int32) -> Int32:
+        """Every thread, before the PDL wait; returns pt_guess. Wide: what does not need L goes
+        out together with L (one latency instead of two): warp w < 3's guess of the CTA's
+        page-table entries, 32 from step (w + 1) * split: chunk s starts at step s * steps //
+        chunks, which one of them covers when steps / chunks is close to 1, 2 or 3 (every L <=
+        1024 and L a multiple of 2048 up to 24576; 63% of the L up to 16384; split_plan). A
+        guess, checked against L in stage_page_table; measured 0.2-0.4 us faster at B=1 (L = 512,
+        6000, 8192). Deep: -1 (its CTAs load their entries after L)."""
         pt_guess = Int32(-1)
         if const_expr(self.wide):
-            _load_q(mY, qv, request, kv_head, tidx, self.q_len)
             if warp < 3:
                 pt_guess = mPT[request, cutlass.min((warp + 1) * split * self.pages_per_step + lane,
                                                     mPT.shape[1] - 1)]
-        return qv, pt_guess
+        return pt_guess
+
+    @cute.jit
+    def cta_steps(self, tree: _Tree):
+        """(k_begin, my_steps, page_base) of this CTA: its first ring step in the request's steps,
+        how many it runs, and its first page."""
+        k_begin = tree.chunk_lo * tree.n_steps // tree.n_chunks
+        my_steps = tree.chunk_hi * tree.n_steps // tree.n_chunks - k_begin
+        page_base = tree.first_page + k_begin * self.pages_per_step
+        return k_begin, my_steps, page_base
 
     @cute.jit
     def write_bad_length(self, mOut: cute.Tensor, mErr: cute.Tensor, request: Int32, kv_head: Int32,

@@ -149,8 +149,9 @@ class Attn2Config:
             stages = 2
         if min_blocks is None:
             # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91: one
-            # chunk per sub, a dev override now); wide: no bound (94 registers)
-            min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 0
+            # chunk per sub, a dev override now); wide: 5 (96 registers: unbounded, the loads
+            # before the PDL wait took it to 104, 4 CTAs per SM, and B=4 L=8192 from 13.0 to 15.7 us)
+            min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0)
         # the merge buffer (query rows x 64 fp32) reuses the K and V rings

@@ -1,0 +1,49 @@
+"""Device run: the PDL chain (bench/chain.py's stack of LAYERS layers, qkv_front -> attn2 -> ..., in
+one CUDA graph, us per layer) with attn2 from muse_ops against attn2 from a kernel module copy,
+interleaved round after round in one process; then every layer's out of both, compared in bits.
+usage: CHAIN_OLD=path/to/attn2_copy.py [CHAIN_CASES="[(1, 8192, 0), ...]"] [CHAIN_ROUNDS=5]
+       python3 tools/attn2_dev/chain_ab.py"""
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from bench import chain, timing as T  # noqa: E402
+from muse_ops.cutedsl.launch import kernel_copy, launch_attn2, launch_qkv_front  # noqa: E402
+
+OLD = kernel_copy(os.environ["CHAIN_OLD"])
+CASES = eval(os.environ.get("CHAIN_CASES", "[(1, 8192, 0), (2, 8192, 0), (4, 8192, 0), (8, 8192, 0), "
+                                           "(32, 8192, 0), (64, 8192, 0)]"))
+ROUNDS = int(os.environ.get("CHAIN_ROUNDS", "5"))
+device = torch.device("cuda")
+for spec in CASES:
+    a, kv, layers, err = chain._stack(device, spec)
+
+    def stack(kernel):
+        def fn(_):
+            for layer in layers:
+                launch_qkv_front(layer["x"], layer["w"], layer["pos"], layer["slots"], layer["cos_sin"],
+                                 kv.kv_cache, layer["y"], err)
+                c = layer["cfg"]
+                launch_attn2(layer["y"], kv.kv_cache, layer["table"], kv.seq_lens, layer["out"], layer["ws"], err,
+                             q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len,
+                             _kernel=kernel)
+        return fn
+    variants = {"old": OLD, "new": None}
+    outs = {}
+    for label, kernel in variants.items():
+        stack(kernel)(0)
+        torch.cuda.synchronize()
+        outs[label] = [layer["out"].clone() for layer in layers]
+    same = all(torch.equal(o.view(torch.int16), n.view(torch.int16)) for o, n in zip(outs["old"], outs["new"]))
+    times = {label: [] for label in variants}
+    for _ in range(ROUNDS):
+        for label, kernel in variants.items():
+            times[label].append(T.graph_time_us(stack(kernel), 1, min_calls=1)["us"] / chain.LAYERS)
+    print(f"CHAIN {a.name:14s} {'same bits' if same else 'DIFFERENT bits'} | " + " | ".join(
+        f"{label} {statistics.median(ts):6.2f} ({min(ts):.2f}-{max(ts):.2f})" for label, ts in times.items())
+        + f" | error flag {int(err.item())}", flush=True)
+    del layers, kv
+    torch.cuda.empty_cache()
