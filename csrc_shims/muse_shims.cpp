@@ -562,6 +562,9 @@ void launch_attn2(const AttnPlan& p, const at::Tensor& y, const at::Tensor& kv_c
   call(p.entry.kernel, args, "attn2", kAttn2);
 }
 
+// The outputs of planned calls: y [M, N] of qkv_front, out [rows, 512 Hkv] of attn2.
+at::Tensor qkv_front_output(const FrontPlan& p) { return new_output(*p.device, {p.m, p.n}, at::kBFloat16); }
+
 at::Tensor attn2_output(const AttnPlan& p, int64_t rows) {
   return new_output(*p.device, {rows, kGroup * p.kv_heads * kHeadDim}, at::kBFloat16);
 }
@@ -575,7 +578,7 @@ at::Tensor qkv_front_cuda(const at::Tensor& x, const at::Tensor& weight, const a
     return qkv_front_python(why, x, weight, positions, slots, cos_sin, kv_cache, backend);
   clock.planned();
   LaunchDevice on_device(kv_cache.device());   // the output and the launch: the inputs' device
-  at::Tensor y = new_output(*p.device, {p.m, p.n}, at::kBFloat16);
+  at::Tensor y = qkv_front_output(p);
   clock.allocated();
   launch_qkv_front(p, x, weight, positions, slots, cos_sin, kv_cache, y);
   clock.launched();
@@ -619,7 +622,7 @@ std::optional<at::Tensor> layer_step(const at::Tensor& x, const at::Tensor& weig
       front.m != q_len * attn.r)
     return std::nullopt;
   LaunchDevice on_device(kv_cache.device());
-  at::Tensor y = new_output(*front.device, {front.m, front.n}, at::kBFloat16);
+  at::Tensor y = qkv_front_output(front);
   at::Tensor out = attn2_output(attn, front.m);
   launch_qkv_front(front, x, weight, positions, slots, cos_sin, kv_cache, y);
   count_fast(kQkvFront);

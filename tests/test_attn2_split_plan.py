@@ -37,7 +37,8 @@ def test_deployment_maxima_bound_every_length(q_len, window, max_seq_len):
             n_steps = ((L - 1) // 16 - first + cfg.pages_per_step) // cfg.pages_per_step
             c_max, _, n_subs, n_nodes = A.split_plan(n_steps, cfg.sub_chunks)
             assert c_max <= cfg.chunk_max and n_nodes <= cfg.nodes_max and n_subs <= cfg.slots
-            assert (n_subs if cfg.wide else n_nodes) <= cfg.max_clusters     # a cluster per sub / node
-            assert cfg.chunks_per_cta * c_max * cfg.pages_per_step <= cfg.page_table_max              # a CTA's pages fit its smem slice
+            assert (n_subs if cfg.wide else n_nodes) <= cfg.max_clusters    # a cluster per sub / node
+            # a CTA's pages fit its smem slice
+            assert cfg.chunks_per_cta * c_max * cfg.pages_per_step <= cfg.page_table_max
     # one workspace serves every layout (the same slots; the counters at the end)
     assert len({A.workspace_layout(c, 7, 2) for c in cfgs}) == 1
