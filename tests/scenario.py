@@ -1,5 +1,8 @@
 """Random, realistic inputs for the ops: scattered pages in a pool whose unused pages and rows
-hold NaN (so a read outside a request shows up), q and k rms-normalised like qkv_front's output."""
+hold NaN (so a read outside a request shows up), q and k rms-normalised like qkv_front's output;
+and compiling with Inductor's caches off, for tests that read the generated code."""
+import contextlib
+
 import torch
 
 from muse_ops.config import HIDDEN, PAGE_SIZE, proj_cols
@@ -33,3 +36,15 @@ def qkv_front_inputs(m, kv_heads, gen, num_pages=64, device="cpu"):
     x = torch.randn(m, HIDDEN, generator=gen).to(BF16)
     w = (torch.randn(proj_cols(kv_heads), HIDDEN, generator=gen) / HIDDEN ** 0.5).to(BF16)
     return x.to(device), w.to(device)
+
+
+def compile_caches_off():
+    """Inductor's FX-graph and AOT-autograd caches off, for a test that reads the code a compile
+    generates: their keys do not tell the C++ ops' registrations from the Python ones (the same
+    graph compiles to the public ops' calls in one, the internal ops' in the other), so a graph
+    compiled in the other mode (another test, an earlier process: CI runs both modes on one
+    machine) came back from the cache in place of this one."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+    return stack
