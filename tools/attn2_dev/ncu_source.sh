@@ -1,9 +1,12 @@
-# device: ncu per-instruction (SASS) stall samples of one attn2 case, as csv for a diff on the CPU:
-#   bash ncu_source.sh TAG "B L W" [k=v overrides]   (ATTN2_FILE=a kernel copy, as ncu_case.py)
-tag="$1"; c="$2"; shift 2
-timeout 200 ncu --clock-control none -k regex:Attn2 --launch-skip 2 --launch-count 1 \
+# device: ncu per-instruction (SASS) stall samples of one kernel launch (the third matching one),
+# as csv for a diff on the CPU, and its warp-state summary:
+#   bash ncu_source.sh TAG "B L W" [k=v overrides]         attn2 (ncu_case.py; ATTN2_FILE=a kernel copy)
+#   KERNEL=QkvFront CASE="tools/qkv_front_dev/ncu_case.py 8" bash ncu_source.sh TAG    any other case
+tag="$1"; shift
+if [ -n "${CASE:-}" ]; then cmd="python3 $CASE"; else c="$1"; shift; cmd="python3 tools/attn2_dev/ncu_case.py $c $*"; fi
+timeout 200 ncu --clock-control none -k "regex:${KERNEL:-Attn2}" --launch-skip 2 --launch-count 1 \
   --section WarpStateStats --section SourceCounters --import-source no -o "$OUT/rep_$tag" \
-  python3 tools/attn2_dev/ncu_case.py $c "$@" > "$OUT/ncu_$tag.log" 2>&1
+  $cmd > "$OUT/ncu_$tag.log" 2>&1
 ncu -i "$OUT/rep_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/src_$tag.csv" 2>&1
 ncu -i "$OUT/rep_$tag.ncu-rep" --page details --section WarpStateStats > "$OUT/wss_$tag.txt" 2>&1
 rm -f "$OUT/rep_$tag.ncu-rep"

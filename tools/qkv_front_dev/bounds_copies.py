@@ -6,7 +6,12 @@
     noload  stops loading both (the producer only arrives on the full barriers)
     nomma   loads everything but issues no wgmma
 
-Their outputs are wrong by design; time them with the epilogue off. Run on the CPU machine:
+Their outputs are wrong by design; time them with the epilogue off. One more copy is exact:
+
+    tiled_weight  reads the weight's memory as [N/64][K/64][64][64] (each TMA box one contiguous
+                  8 KB) through a 4-D tensor map over the same logical (N, K); time it with
+                  ab.py's {"kernel": ..., "tile_weight": True}, which passes the weights so
+                  (fifteenth run: same bits, no faster) Run on the CPU machine:
 
     python tools/qkv_front_dev/bounds_copies.py          # writes tools/qkv_front_dev/_bounds/*.py
 
@@ -66,6 +71,11 @@ GEMM = """                    for kb in cutlass.range_constexpr(K_TILE // 16):
 GEMM_BOUNDS = """                    for kb in cutlass.range_constexpr(K_TILE // 16 if _BOUNDS != "nomma" else 0):
                         cute.gemm("""
 CONSTANTS = '_INDEX = {"int32": Int32, "int64": Int64}\n'
+WEIGHT_ATOM = """        tma_w, mW_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mW,"""
+WEIGHT_ATOM_TILED = """        mW_tiled = cute.make_tensor(mW.iterator, cute.make_layout(   # memory [N/64][K/64][64][64]
+            ((HEAD_DIM, mW.shape[0] // HEAD_DIM), (K_TILE, HIDDEN // K_TILE)),
+            stride=((K_TILE, HIDDEN * HEAD_DIM), (1, HEAD_DIM * K_TILE))))
+        tma_w, mW_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mW_tiled,"""
 
 
 def copy_for(source: str, mode: str) -> str:
@@ -75,13 +85,20 @@ def copy_for(source: str, mode: str) -> str:
             .replace(CONSTANTS, CONSTANTS + f'_BOUNDS = "{mode}"   # timing only: see tools/qkv_front_dev/bounds_copies.py\n'))
 
 
+def tiled_weight_copy(source: str) -> str:
+    assert source.count(WEIGHT_ATOM) == 1, f"the kernel no longer has this piece:\n{WEIGHT_ATOM}"
+    return source.replace(WEIGHT_ATOM, WEIGHT_ATOM_TILED)
+
+
 def main() -> int:
     source = open(KERNEL).read()
     os.makedirs(OUT, exist_ok=True)
-    for mode in MODES:
-        path = os.path.join(OUT, f"{mode}.py")
+    copies = {mode: copy_for(source, mode) for mode in MODES}
+    copies["tiled_weight"] = tiled_weight_copy(source)
+    for name, text in copies.items():
+        path = os.path.join(OUT, f"{name}.py")
         with open(path, "w") as f:
-            f.write(copy_for(source, mode))
+            f.write(text)
         print(os.path.relpath(path, os.path.join(HERE, "..", "..")))
     return 0
 
