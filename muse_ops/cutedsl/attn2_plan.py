@@ -70,7 +70,7 @@ class Attn2Config:
     stages: int       # TMA ring depth
     pages_per_step: int = 4   # pages per ring step (keys per step = 16 pages, the N of S = Q K^T)
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
-    pdl: bool = True  # programmatic dependent launch (griddepcontrol.wait before any global access)
+    pdl: bool = True  # programmatic dependent launch (only seq_lens and the page table read before griddepcontrol.wait)
     node_min_steps: int = NODE_MIN_STEPS   # ring steps per node before another is opened (split_plan)
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
 
@@ -161,8 +161,9 @@ class Attn2Config:
 
 def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tuple[int, int, int]:
     """(byte offset of the partials' (m, l), counters, total bytes) of the workspace: fp32 partials
-    O [R*Hkv*slots, mr, 64], fp32 (m, l) [R*Hkv*slots, mr, 2]; the uint32 arrival counters, one
-    per (request, KV head, cluster rank < SUB_CHUNKS), count back from the end of the buffer."""
+    O [R*Hkv*slots, query_rows, 64], fp32 (m, l) [R*Hkv*slots, query_rows, 2]; the uint32 arrival
+    counters, one per (request, KV head, cluster rank < SUB_CHUNKS), count back from the end of
+    the buffer."""
     nslot = num_requests * kv_heads * cfg.slots
     off = 4 * nslot * cfg.query_rows * HEAD_DIM
     n_cnt = num_requests * kv_heads * SUB_CHUNKS
