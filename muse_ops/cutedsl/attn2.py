@@ -457,9 +457,12 @@ class Attn2Sm90:
                 self.trigger_dependents(num_requests, kv_heads, tree.n_chunks, wave_ctas)
 
                 my_rows = self.merge_rows(request, kv_head, tree.rank, tidx)
-                gate = self.load_gate(mY, my_rows, kv_heads)    # issued now: its latency overlaps the merges
                 cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
                 sX = self.write_partial(sK, sXm, thr_pv, o_part, m_part, l_part, warp, lane)
+                cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
+                # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
+                # for it, and its latency overlaps the cluster wait and the merges
+                gate = self.load_gate(mY, my_rows, kv_heads)
                 m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, my_rows, tree)
                 writes_out = Int32(1)      # one cluster: its (only) node is the whole row
                 if tree.n_clusters > 1:
@@ -907,9 +910,10 @@ class Attn2Sm90:
 
     @cute.jit
     def merge_cluster(self, sX: cute.Tensor, sXm: cute.Tensor, my_rows: _MyRows, tree: _Tree):
-        """Level 1 (DSMEM), every thread of every CTA of the cluster: after a cluster barrier
-        (which publishes every peer's sX / sXm), rank c folds its rows [c rows_per_rank, (c + 1)
-        rows_per_rank) of the cluster's cluster_size partials, in rank order, starting from I.
+        """Level 1 (DSMEM), every thread of every CTA of the cluster, after the kernel's
+        cluster_arrive (the release of its sX / sXm): the barrier's wait, which publishes every
+        peer's sX / sXm, then rank c folds its rows [c rows_per_rank, (c + 1) rows_per_rank) of
+        the cluster's cluster_size partials, in rank order, starting from I.
         Wide: the chunks -> sub `cluster` (chunks past the request's end are skipped, as a deep
         CTA never folds them), and a lone sub becomes node 0 = fold(fold(I, sub 0), I). Deep: the
         2 subs -> node `cluster` (an empty sub is I and is folded, as the wide merge folds I for
@@ -922,8 +926,7 @@ class Attn2Sm90:
         o_merged.fill(0.0)
         m_merged = Float32(NEG_BIG)
         l_merged = Float32(0.0)
-        cute.arch.cluster_arrive()       # release my sX / sXm to the cluster
-        cute.arch.cluster_wait()
+        cute.arch.cluster_wait()         # every peer's release (its cluster_arrive in kernel)
         m_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
         l_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
         o_peer = cute.make_rmem_tensor(cute.make_layout((columns_per_thread, cluster_size),
