@@ -1,8 +1,8 @@
 """Device: how fast the GPU dispatches CTAs and clusters (the wide attn2 grid at B = 4-8 runs
-1024-2048 CTAs in clusters of 8). One probe kernel of 128 threads whose CTAs read one word, spin
-about `spin` dependent FMAs and write one word, launched on grids of n clusters of C CTAs with
-`smem` bytes of dynamic shared memory (which bounds the CTAs an SM holds); us per launch by
-CUDA-graph replay of 20 launches.
+1024-2048 CTAs in clusters of 8). A probe kernel of 128 threads whose CTAs read one word and run
+`spin` iterations of a dependent FMA chain (a store that never happens keeps it), on grids of n
+clusters of C CTAs with `smem` bytes of dynamic shared memory (which bounds the CTAs an SM
+holds); us per launch by CUDA-graph replay of 20 launches. Findings: bench/RESULTS.md, sixteenth run.
 
     python3 tools/attn2_dev/launch_rate.py            (prints a table)
 """
@@ -35,7 +35,6 @@ class Probe:
     @cute.kernel
     def kernel(self, mX: cute.Tensor, spin: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
         t = mX[0]
         for _ in cutlass.range(spin, unroll=1):
             t = t * 0.999 + 0.001
@@ -48,15 +47,10 @@ def main():
     dev = torch.device("cuda")
     x = torch.zeros(16, device=dev)
     rows = []
-    cache = {}
     for cluster in (1, 2, 4, 8):
         for smem in (40 * 1024, 100 * 1024):
-            key = (cluster, smem)
-            fn = cache.get(key)
-            if fn is None:
-                fn = cache[key] = cute.compile(Probe(cluster, smem), runtime.fake_tensor(Float32, (16,), align=16),
-                                               Int32(1), Int32(0), runtime.env_stream(),
-                                               options=runtime.compile_options())
+            fn = cute.compile(Probe(cluster, smem), runtime.fake_tensor(Float32, (16,), align=16),
+                              Int32(1), Int32(0), runtime.env_stream(), options=runtime.compile_options())
             for ctas in (128, 512, 1024, 2048, 4096):
                 for spin in (0, 2000):
                     n = ctas // cluster
