@@ -9,4 +9,3 @@ grep -E "case |Duration|DRAM Throughput|Achieved Occ|Issued Warp|No Eligible|ins
 # the stall reasons of at least 0.05 cycles per issued instruction (the metric's value is the last field)
 grep "issue_stalled_" "$OUT/ncu_$tag.log" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' \
   | awk '$NF + 0 >= 0.05 {print "   stall", $1, $NF}'
-

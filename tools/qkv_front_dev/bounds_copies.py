@@ -11,7 +11,9 @@ Their outputs are wrong by design; time them with the epilogue off. One more cop
     tiled_weight  reads the weight's memory as [N/64][K/64][64][64] (each TMA box one contiguous
                   8 KB) through a 4-D tensor map over the same logical (N, K); time it with
                   ab.py's {"kernel": ..., "tile_weight": True}, which passes the weights so
-                  (fifteenth run: same bits, no faster) Run on the CPU machine:
+                  (fifteenth run: same bits, no faster).
+
+Run on the CPU machine:
 
     python tools/qkv_front_dev/bounds_copies.py          # writes tools/qkv_front_dev/_bounds/*.py
 
