@@ -1,7 +1,8 @@
 """Device run: interleaved A/B timing of attn2 variants (us, median and range over rounds).
 usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2_dev/ab.py
   AB_VARIANTS: [(label, kernel module file or None for muse_ops', config override dict), ...]
-  AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768]
+  AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768];
+               B = a list of lengths: those requests (L unused)
   AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench)
 Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) on the
 first variant's inputs and timed in turn, round after round, so drifts of the GPU hit all of them
@@ -24,9 +25,9 @@ for (B, L, W, labels) in CASES:
         if labels and lab not in labels:
             continue
         run_dev.A, run_dev.KERNEL = mods[f], (mods[f] if f else None)
-        lens = MIXED if B == "mixed" else None
-        msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else L)
-        case = run_dev.build_case(64 if B == "mixed" else B, L, W, lens=lens, over=over, msl=msl)
+        lens = MIXED if B == "mixed" else (B if isinstance(B, list) else None)
+        msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else max(lens) if lens else L)
+        case = run_dev.build_case(len(lens) if lens else B, L, W, lens=lens, over=over, msl=msl)
         if built:   # the same inputs for every variant (their outputs are compared)
             case.pools, case.y, case.seq = built[0][2].pools, built[0][2].y, built[0][2].seq
         run_dev.graph_us(case)          # compile + warm
@@ -45,7 +46,7 @@ for (B, L, W, labels) in CASES:
         assert int(case.err.item()) == 0
     differ = [lab for (lab, _, _), o in zip(built, outs) if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16))]
     fl = built[0][2].pool_bytes / 4.1e12 * 1e6
-    print(f"AB {str((B, L, W)):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
+    print(f"AB {str((B, L, W) if not isinstance(B, list) else (len(B), min(B), max(B), W)):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
         f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)
     del built
     torch.cuda.empty_cache()
