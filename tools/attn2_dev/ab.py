@@ -3,7 +3,7 @@ usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2_dev/ab.py
   AB_VARIANTS: [(label, kernel module file or None for muse_ops', config override dict), ...]
   AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768];
                B = a list of lengths: those requests (L unused)
-  AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench)
+  AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench; a list case: its longest)
 Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) on the
 first variant's inputs and timed in turn, round after round, so drifts of the GPU hit all of them
 alike; then each variant's out on the first input set is compared in bits with the first
