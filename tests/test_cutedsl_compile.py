@@ -33,9 +33,13 @@ def test_import_changes_no_process_setting():
 
 
 def test_disk_cache_serves_a_second_process(tmp_path):
-    """A variant compiled by one process is loaded (not compiled) by the next, under a second."""
+    """A variant compiled by one process is loaded (not compiled) by the next, in milliseconds
+    (docs/DESIGN.md). The timer starts after the DSL's own import, which any process that
+    launches a kernel pays once (0.5-2 s on CI's 2 cores, where it made a 1 s bound on the
+    first load flaky) and which a first load would otherwise include."""
     env = dict(os.environ, MUSE_OPS_CACHE_DIR=str(tmp_path))
-    code = ("import time; from muse_ops.cutedsl import launch as L, qkv_front_plan as P, compile_cache as C; "
+    code = ("import time; import cutlass.cute; "
+            "from muse_ops.cutedsl import launch as L, qkv_front_plan as P, compile_cache as C; "
             "cfg = P.QkvFrontConfig.create(16, 1, True); t = time.perf_counter(); L.compile_qkv_front(cfg); "
             "print(C.stats['compiled'], C.stats['loaded'], round(time.perf_counter() - t, 3))")
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -44,7 +48,7 @@ def test_disk_cache_serves_a_second_process(tmp_path):
     c1, l1, _ = first.stdout.split()
     c2, l2, seconds = second.stdout.split()
     assert (c1, l1) == ("1", "0") and (c2, l2) == ("0", "1"), (first.stdout, second.stdout)
-    assert float(seconds) < 1.0, f"loading from disk took {seconds} s"
+    assert float(seconds) < 0.5, f"loading from disk took {seconds} s"
 
 
 def test_can_implement_never_raises_on_cpu():
