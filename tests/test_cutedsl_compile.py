@@ -78,17 +78,19 @@ def test_a_warm_cache_prepares_a_deployment_in_well_under_a_second(tmp_path):
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout.strip().splitlines()[-1])
 
+    def total_s(w):
+        return w["import_s"] + w["variants_s"]
+
     env = dict(os.environ, MUSE_OPS_CACHE_DIR=str(tmp_path))
     cold = one_process()
+    assert cold["how"] == ["compiled"] and cold["n"] >= 16
     warms = []
-    for _ in range(3):
+    while len(warms) < 3 and not any(w["variants_s"] < 0.25 and total_s(w) < 1.0 for w in warms):
         warms.append(one_process())
-        assert cold["how"] == ["compiled"] and warms[-1]["how"] == ["loaded"] and cold["n"] == warms[-1]["n"] >= 16
-        if warms[-1]["import_s"] + warms[-1]["variants_s"] < 1.0 and warms[-1]["variants_s"] < 0.25:
-            break
-    best = min(warms, key=lambda w: w["import_s"] + w["variants_s"])
+        assert warms[-1]["how"] == ["loaded"] and warms[-1]["n"] == cold["n"]
+    best = min(warms, key=total_s)
     assert best["variants_s"] < 0.25, warms
-    assert best["import_s"] + best["variants_s"] < 1.0, warms
+    assert total_s(best) < 1.0, warms
 
 
 def test_processes_compiling_one_variant_at_once_share_one_entry(tmp_path):

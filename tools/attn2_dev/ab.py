@@ -20,13 +20,15 @@ mods = {f: run_dev.load_kernel(f) for _, f, _ in VARIANTS}
 g = torch.Generator().manual_seed(0)
 MIXED = [int(x) for x in torch.randint(512, 32769, (64,), generator=g)]
 for (B, L, W, labels) in CASES:
+    # the case's requests: B of length L, the mixed batch, or a list of lengths
+    lens = MIXED if B == "mixed" else (B if isinstance(B, list) else None)
+    msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else max(lens) if lens else L)
+    name = (len(B), min(B), max(B), W) if isinstance(B, list) else (B, L, W)
     built = []
     for (lab, f, over) in VARIANTS:
         if labels and lab not in labels:
             continue
         run_dev.A, run_dev.KERNEL = mods[f], (mods[f] if f else None)
-        lens = MIXED if B == "mixed" else (B if isinstance(B, list) else None)
-        msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else max(lens) if lens else L)
         case = run_dev.build_case(len(lens) if lens else B, L, W, lens=lens, over=over, msl=msl)
         if built:   # the same inputs for every variant (their outputs are compared)
             case.pools, case.y, case.seq = built[0][2].pools, built[0][2].y, built[0][2].seq
@@ -46,7 +48,7 @@ for (B, L, W, labels) in CASES:
         assert int(case.err.item()) == 0
     differ = [lab for (lab, _, _), o in zip(built, outs) if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16))]
     fl = built[0][2].pool_bytes / 4.1e12 * 1e6
-    print(f"AB {str((B, L, W) if not isinstance(B, list) else (len(B), min(B), max(B), W)):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
+    print(f"AB {str(name):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
         f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)
     del built
     torch.cuda.empty_cache()
