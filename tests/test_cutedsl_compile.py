@@ -134,18 +134,50 @@ def test_qkv_front_partial_tile_boxes():
 
 def test_qkv_front_split_k_indexing():
     """The integer formulas qkv_front's pushed split-K sum relies on, for every token tile and
-    split: t // S by multiply and shift, slots of ceil(T / S) rows within the landing zone, and
-    the owners' row counts covering every token of a (possibly partial) tile once."""
+    split: b // S by multiply and shift; every (owned block, source rank, head, column, token) a
+    distinct place inside the landing zone, which fits the ring; each warp's push of a column
+    group one contiguous 256 bytes; the owner's loads free of bank conflicts; and the owners'
+    tokens covering every token of a (possibly partial) tile once, in the kernel's formulas."""
     from muse_ops.cutedsl import qkv_front as Q, qkv_front_plan as P
     for _, tile, heads, kps in P.TILES:
         cfg = P.QkvFrontConfig.create(tile, heads, True, k_tiles_per_stage=kps)
+        B = cfg.owner_block
+        assert cfg.landing_bytes <= cfg.stages * cfg.stage_bytes
+        assert tile % B == 0 and B % 2 == 0   # a thread's token pair is never split between blocks
         for split in range(1, P.MAX_K_SPLIT + 1):
             magic = ((1 << Q.DIV_SHIFT) + split - 1) // split
-            rows_per_slot = (tile + split - 1) // split
-            for t in range(tile):
-                assert (t * magic) >> Q.DIV_SHIFT == t // split, (tile, split, t)
-            assert split * heads * rows_per_slot * P.PARTIAL_ROW * 4 <= cfg.landing_bytes
-            assert cfg.landing_bytes <= cfg.stages * cfg.stage_bytes
+            blocks = tile // B
+            for b in range(blocks + split):
+                assert (b * magic) >> Q.DIV_SHIFT == b // split, (tile, split, b)
+            places = set()
+            for b in range(blocks):
+                for source in range(split):
+                    for h in range(heads):
+                        slab = P.landing_slab(b // split, source, h, split, heads)
+                        for c in range(64):
+                            for e in range(B):
+                                places.add((b % split, slab * P.landing_slab_floats(B) + P.landing_offset(c, e, B)))
+            assert len(places) == blocks * split * heads * 64 * B
+            assert max(place for _, place in places) < cfg.landing_bytes // 4
             for t_count in range(1, tile + 1):
-                n_own = [(t_count - rank + split - 1) // split for rank in range(split)]
-                assert n_own == [sum(1 for t in range(t_count) if t % split == rank) for rank in range(split)]
+                owned = [[P.owned_token(i, rank, split, B) for i in range(P.owned_tokens(t_count, rank, split, B))]
+                         for rank in range(split)]
+                assert sorted(sum(owned, [])) == list(range(t_count)), (tile, split, t_count)
+                for rank in range(split):
+                    assert all((t // B) % split == rank for t in owned[rank])
+    B = P.OWNER_BLOCK   # the blocks of every tile above 16 tokens
+    # a warp's push of one column group (lanes: column c0 + lane // 4, tokens 2 (lane % 4) + 0, 1)
+    for c0 in range(0, 64, 8):
+        offsets = sorted(P.landing_offset(c0 + lane // 4, 2 * (lane % 4) + e) for lane in range(32) for e in (0, 1))
+        assert offsets == list(range(offsets[0], offsets[0] + 64)), c0
+    # the owner's loads: a warp's 8 rows (owned tokens and heads) x 4 quarters, one column each
+    for heads in (1, 2):
+        for first_row in range(0, 64, 8):
+            for k in range(16):
+                banks = set()
+                for lane in range(32):
+                    row, quarter = first_row + lane // 4, lane % 4
+                    own, h = row // heads, row % heads
+                    slab = P.landing_slab(own // B, 0, h, 3, heads)
+                    banks.add((slab * P.landing_slab_floats(B) + P.landing_offset(16 * quarter + k, own % B)) % 32)
+                assert len(banks) == 32, (heads, first_row, k)

@@ -85,6 +85,12 @@ def ld_dsmem_f32x4(addr: Int32):
 
 
 @cute.jit
+def st_dsmem_f32x2(addr: Int32, v0: Float32, v1: Float32):
+    """Two fp32 to an 8-byte aligned shared::cluster address (a peer CTA's or this CTA's); no reply."""
+    cute.arch.inline_ptx("st.shared::cluster.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, v0, v1])
+
+
+@cute.jit
 def st_dsmem_f32(addr: Int32, v: Float32):
     """One fp32 to a shared::cluster address (a peer CTA's shared memory or this CTA's); no reply."""
     cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};", read_only_args=[addr, v])

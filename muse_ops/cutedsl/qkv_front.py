@@ -32,10 +32,12 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
   head issues each tile's four m64nTk16 wgmmas (A = weight, B = x, both from shared memory) into
   an fp32 accumulator that starts at 0, and releases a stage once the next one's wgmmas are
   issued (one group in flight).
-- The split-K sum: token t belongs to rank t % S. Once every CTA of the cluster has drained its
-  ring (a cluster barrier), each pushes its fp32 accumulator straight from registers to the
-  owners (st.shared::cluster) into their landing zones in the ring, [source rank, head, t // S,
-  64]. After a second cluster barrier (release / acquire) the owner reads the S partials of its
+- The split-K sum: the tile's tokens are owned in blocks of 8 (an accumulator column group; 2
+  in tiles of up to 16 tokens), block b by rank b % S. Once every CTA of the cluster has drained its ring (a cluster barrier),
+  each pushes its fp32 accumulator straight from registers to the owners (st.shared::cluster, 8
+  bytes a store, 256 contiguous bytes a warp) into their landing zones in the ring, a
+  [64 columns][8 tokens] slab per (owned block, source rank, head) (qkv_front_plan.landing_slab).
+  After a second cluster barrier (release / acquire) the owner reads the S partials of its
   rows from its own shared memory and adds them in rank order (explicit add.rn), rounds to bf16
   and runs the epilogue: no global scratch, no atomics (except the error flag), no state across
   calls. A push needs no reply; with the owner pulling the partials over DSMEM (the design
@@ -73,13 +75,13 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
-from .ptx import add_rn, fma_rn, ld_dsmem_f32x4, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32
-from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, PARTIAL_ROW, X_BOX_MIN_ROWS, QkvFrontConfig,  # noqa: F401
-                             ci_variants, deployment_variants, k_split, launch_config)
+from .ptx import add_rn, fma_rn, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32x2
+from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, X_BOX_MIN_ROWS, QkvFrontConfig,  # noqa: F401
+                             landing_slab_floats, ci_variants, deployment_variants, k_split, launch_config)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
-DIV_SHIFT = 16                  # t // S = (t ceil(2^16 / S)) >> 16, exact for t < 2^8 and S <= 3
+DIV_SHIFT = 16                  # b // S = (b ceil(2^16 / S)) >> 16, exact for b < 2^8 and S <= 3
 _INDEX = {"int32": Int32, "int64": Int64}
 
 
@@ -124,6 +126,8 @@ class QkvFrontSm90:
         self.producer_warp = 4 * cfg.heads_per_cta
         self.rows_per_pass = self.consumer_threads // ROW_THREADS
         self.x_part_boxes = cfg.x_part_boxes
+        self.owner_block = cfg.owner_block
+        self.slab = landing_slab_floats(cfg.owner_block)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor,       # bf16 [M, 8192]
@@ -367,25 +371,30 @@ class QkvFrontSm90:
     @cute.jit
     def push_partial(self, acc: cute.Tensor, sL: cute.Tensor, wg: Int32, wg_tidx: Int32, rank: Int32,
                      split: Int32):
-        """Consumer warpgroup wg: each accumulator element (head column c, token t) to the landing
-        zone of t's owner, rank t % split, at [rank, wg, t // split, c] (rows of PARTIAL_ROW).
+        """Consumer warpgroup wg: the accumulator to its owners' landing zones. Token block b (of
+        owner_block tokens) belongs to rank b % split, and lands in its slab
+        qkv_front_plan.landing_slab(b // split, rank, wg) at landing_offset(column, token %
+        owner_block). A thread holds each head column's tokens in consecutive pairs (the wgmma C
+        layout: values (2 columns, 2 row halves, column groups)), so it stores 8 bytes at a time;
+        with blocks of 8 a warp's store of one column group is 256 contiguous bytes to one owner.
         Stores to a peer need no reply, so the warps go on as soon as they are issued."""
         thr = self.tiled_mma().get_slice(wg_tidx)
         coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
-        rows_per_slot = (self.token_tile + split - 1) // split
         magic = ((1 << DIV_SHIFT) + split - 1) // split
-        slot_row = (rank * self.heads_per_cta + wg) * rows_per_slot
         # the landing zone's address in each rank's window (ranks past the split: the last one, unused)
         base = [cute.arch.map_dsmem_ptr(sL.iterator, cutlass.min(Int32(r), split - 1)).toint()
                 for r in range(MAX_K_SPLIT)]
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            c, t = coords[i]
-            j = (t * magic) >> DIV_SHIFT
-            owner = t - j * split
+        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+            c, t = coords[i]                      # acc[i + 1] is (c, t + 1)
+            block = t // self.owner_block
+            owned = (block * magic) >> DIV_SHIFT
+            owner = block - owned * split
             owner_base = base[0]
             for r in cutlass.range_constexpr(1, MAX_K_SPLIT):
                 owner_base = owner_base + Int32(owner == r) * (base[r] - base[0])
-            st_dsmem_f32(owner_base + ((slot_row + j) * PARTIAL_ROW + c) * 4, acc[i])
+            slab = (owned * split + rank) * self.heads_per_cta + wg
+            offset = slab * self.slab + (c + c // 16) * self.owner_block + t % self.owner_block
+            st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
 
     @cute.jit
     def stage_indices(self, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
@@ -408,6 +417,12 @@ class QkvFrontSm90:
                 sPos[i] = Int32(pos)
 
     @cute.jit
+    def owned_token(self, index: Int32, rank: Int32, split: Int32) -> Int32:
+        """The tile token of rank's index-th owned token (qkv_front_plan.owned_token)."""
+        block = self.owner_block
+        return ((index // block) * split + rank) * block + index % block
+
+    @cute.jit
     def load_cos_sin(self, cos: cute.Tensor, sin: cute.Tensor, mCS: cute.Tensor, sPos: cute.Tensor, t: Int32,
                      col: Int32):
         """The cos and sin of token t's RoPE row for the frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1."""
@@ -420,10 +435,10 @@ class QkvFrontSm90:
     def reduce_and_store(self, sL: cute.Tensor, sSlot: cute.Tensor, sPos: cute.Tensor, mCS: cute.Tensor,
                          mCache: cute.Tensor, mY: cute.Tensor, mErr: cute.Tensor, split: Int32, rank: Int32,
                          head_group: Int32, tile: Int32, tidx: Int32):
-        """The rows this rank owns (tokens t = rank + split j of the tile, each of the heads heads):
-        the split-K sum of the S partials in its landing zone in rank order, bf16, then norm / RoPE
-        by head kind, y, and the cache row of k and v heads. A quad of lanes per row, ROW_COLS
-        columns each."""
+        """The rows this rank owns (its token blocks of the tile, qkv_front_plan.owned_token, each
+        of the heads heads): the split-K sum of the S partials in its landing zone in rank order,
+        bf16, then norm / RoPE by head kind, y, and the cache row of k and v heads. A quad of
+        lanes per row, ROW_COLS columns each; row r is owned token r // heads, head r % heads."""
         tokens, heads = self.token_tile, self.heads_per_cta
         m = mY.shape[0]
         n = mY.shape[1]
@@ -431,14 +446,18 @@ class QkvFrontSm90:
         hq = GROUP * hkv
         capacity = Int64(mCache.shape[0]) * PAGE_SIZE
         t_count = cutlass.min(Int32(tokens), m - tile * tokens)
-        n_own = (t_count - rank + split - 1) // split
+        magic = ((1 << DIV_SHIFT) + split - 1) // split
+        block = self.owner_block
+        whole = t_count // block                       # qkv_front_plan.owned_tokens
+        whole_owned = ((whole - rank + split - 1) * magic) >> DIV_SHIFT
+        n_own = whole_owned * block
+        if whole - ((whole * magic) >> DIV_SHIFT) * split == rank:
+            n_own = n_own + t_count % block
         rows = n_own * heads
         lane_row = tidx // ROW_THREADS
         col = (tidx % ROW_THREADS) * ROW_COLS
         y_base = mY.iterator.toint()
         cache_base = mCache.iterator.toint()
-        rows_per_slot = (tokens + split - 1) // split
-        landing = cute.arch.map_dsmem_ptr(sL.iterator, rank).toint()
         # RoPE's cos_sin rows go out a pass ahead: the partials are in this CTA's shared memory, so
         # their L2 latency would otherwise be each pass's longest wait
         cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
@@ -448,12 +467,13 @@ class QkvFrontSm90:
         if const_expr(self.rope):
             if rows > 0:
                 self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos,
-                                  rank + split * (cutlass.min(lane_row, rows - 1) // heads), col)
+                                  self.owned_token(cutlass.min(lane_row, rows - 1) // heads, rank, split), col)
         for base in cutlass.range(0, rows, self.rows_per_pass, unroll=1):
             # lanes past the last row repeat it (the butterfly needs the whole quad) but store nothing
             active = Int32(base + lane_row < rows)
             row = cutlass.min(base + lane_row, rows - 1)
-            t = rank + split * (row // heads)
+            own = row // heads
+            t = self.owned_token(own, rank, split)
             hh = row % heads
             token = tile * tokens + t
             head = head_group * heads + hh
@@ -464,18 +484,19 @@ class QkvFrontSm90:
                     sin[i] = sin_ahead[i]
                 if base + self.rows_per_pass < rows:
                     ahead = cutlass.min(base + self.rows_per_pass + lane_row, rows - 1)
-                    self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos, rank + split * (ahead // heads), col)
+                    self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos, self.owned_token(ahead // heads, rank, split),
+                                      col)
             # ---- split-K sum: the partials in rank order, one rounding per add; every rank's
-            # loads go out together
+            # loads go out together (from this CTA's shared memory: the pushes were acquired)
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             acc.fill(0.0)
             part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, MAX_K_SPLIT), stride=(1, ROW_COLS)), Float32)
+            at = (col + col // 16) * block + own % block        # qkv_front_plan.landing_offset
             for g in cutlass.range_constexpr(MAX_K_SPLIT):
                 if g < split:
-                    addr = landing + (((g * heads + hh) * rows_per_slot + row // heads) * PARTIAL_ROW + col) * 4
-                    for q in cutlass.range_constexpr(ROW_COLS // 4):
-                        part[4 * q, g], part[4 * q + 1, g], part[4 * q + 2, g], part[4 * q + 3, g] = \
-                            ld_dsmem_f32x4(addr + 16 * q)
+                    slab = ((own // block) * split + g) * heads + hh  # qkv_front_plan.landing_slab
+                    for c in cutlass.range_constexpr(ROW_COLS):
+                        part[c, g] = sL[slab * self.slab + at + c * block]
             for g in cutlass.range_constexpr(MAX_K_SPLIT):
                 if g < split:
                     for c in cutlass.range_constexpr(ROW_COLS):

@@ -20,7 +20,17 @@ K_TILES = HIDDEN // K_TILE       # 128
 SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
 MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_split)
 SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB (barriers, indices, alignment)
-PARTIAL_ROW = HEAD_DIM + 4       # fp32 per (token, head) row of a partial in smem (+4: fewer bank conflicts)
+# The landing zone of the split-K sum (qkv_front.py's push_partial / reduce_and_store). Tokens are
+# owned in blocks of B = QkvFrontConfig.owner_block (8: an accumulator column group; 2 for tiles of
+# up to 16 tokens): block b of a tile belongs to rank b % S, as its (b // S)-th block. Each (owned
+# block, source rank, head) is a slab of landing_slab_floats(B) fp32 holding [64 head columns][B
+# tokens], so a thread pushes a head column's two consecutive tokens as one 8-byte store, and at B
+# = 8 a warp's store of a column group is 256 contiguous bytes to one owner; the quarters of the
+# 64 columns are skewed by B floats and a slab is 4 mod 32 floats long, so at B = 8 the owner's
+# loads (a quad per (token, head) row, 16 columns each) meet no bank conflict. Blocks of 2 at the
+# smallest tiles spread 8 tokens over the 3 owners as 4 / 2 / 2 (blocks of 8 give one owner all 8).
+OWNER_BLOCK = 8
+SMALL_TILE_OWNER_BLOCK = 2
 INDEX_DTYPES = ("int32", "int64")
 # A partial token tile (the last of a launch whose M is not a multiple of the tile) loads x in boxes
 # of X_BOX_MIN_ROWS x 2^k rows that together cover its rows rounded up to X_BOX_MIN_ROWS, at most
@@ -100,16 +110,40 @@ def stage_bytes(token_tile: int, heads_per_cta: int, k_tiles_per_stage: int) -> 
     return (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2 * k_tiles_per_stage
 
 
-def landing_bytes(token_tile: int, heads_per_cta: int) -> int:
-    """Bytes of the landing zone of the split-K sum: for each of up to MAX_K_SPLIT source ranks,
-    the partials [heads, ceil(T / S), PARTIAL_ROW] fp32 of the tokens this CTA owns (S x ceil(T / S)
-    rows a head is largest at S = MAX_K_SPLIT)."""
-    return MAX_K_SPLIT * heads_per_cta * -(-token_tile // MAX_K_SPLIT) * PARTIAL_ROW * 4
+def landing_slab_floats(block: int) -> int:
+    """fp32 of one slab: at least (64 + 3) * block (the columns and the quarters' skew), 4 mod 32."""
+    return 67 * block + (4 - 67 * block) % 32
 
 
-def k_range(rank: int, split: int) -> tuple[int, int]:
-    """The K tiles [lo, hi) rank `rank` of a split of `split` sums (as the kernel derives them)."""
-    return rank * K_TILES // split, (rank + 1) * K_TILES // split
+def landing_bytes(token_tile: int, heads_per_cta: int, block: int = OWNER_BLOCK) -> int:
+    """Bytes of the landing zone of the split-K sum: a slab per (owned block, source rank, head),
+    ceil(blocks / S) S <= blocks + MAX_K_SPLIT - 1 of them a head for any split S."""
+    return (token_tile // block + MAX_K_SPLIT - 1) * heads_per_cta * landing_slab_floats(block) * 4
+
+
+def landing_slab(owned_block: int, source: int, head: int, split: int, heads_per_cta: int) -> int:
+    """The slab index of an owner's landing zone that holds its owned_block-th block's partial
+    from rank `source` for head `head` (as the kernel derives it)."""
+    return (owned_block * split + source) * heads_per_cta + head
+
+
+def landing_offset(column: int, token_in_block: int, block: int = OWNER_BLOCK) -> int:
+    """fp32 offset of (head column, token) within a slab: [64][block], the column quarters skewed."""
+    return (column + column // 16) * block + token_in_block
+
+
+def owned_tokens(t_count: int, rank: int, split: int, block: int = OWNER_BLOCK) -> int:
+    """Tokens rank owns of a tile's first t_count (as the kernel derives them): its whole blocks
+    below t_count, then the partial block if that is its."""
+    whole, rest = divmod(t_count, block)
+    n = (whole - rank + split - 1) // split * block
+    return n + (rest if whole % split == rank else 0)
+
+
+def owned_token(index: int, rank: int, split: int, block: int = OWNER_BLOCK) -> int:
+    """The tile token of rank's index-th owned token."""
+    b, e = divmod(index, block)
+    return (b * split + rank) * block + e
 
 
 @dataclass(frozen=True)
@@ -127,6 +161,7 @@ class QkvFrontConfig:
     pdl: bool = True      # programmatic dependent launch: only weight loads before griddepcontrol.wait
     trigger: bool = True  # let the next kernel on the stream launch after the main loop
     epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
+    owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
@@ -142,7 +177,7 @@ class QkvFrontConfig:
 
     @property
     def landing_bytes(self) -> int:
-        return landing_bytes(self.token_tile, self.heads_per_cta)
+        return landing_bytes(self.token_tile, self.heads_per_cta, self.owner_block)
 
     @staticmethod
     def create(token_tile: int, heads_per_cta: int, rope: bool, pos_dtype: str = "int64",
@@ -150,6 +185,7 @@ class QkvFrontConfig:
         assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
         over.setdefault("trigger", token_tile <= TRIGGER_MAX_TILE)
+        over.setdefault("owner_block", SMALL_TILE_OWNER_BLOCK if token_tile <= 16 else OWNER_BLOCK)
         if stages is None:   # as deep as shared memory allows, up to 8 stages
             stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))
             stages = max(2, min(8, SMEM_LIMIT // stage))

@@ -1,8 +1,9 @@
 """Device run: the PDL chain (bench/chain.py's stack of LAYERS layers, qkv_front -> attn2 -> ..., in
-one CUDA graph, us per layer) with attn2 from muse_ops against attn2 from a kernel module copy,
-interleaved round after round in one process; then every layer's out of both, compared in bits.
-usage: CHAIN_OLD=path/to/attn2_copy.py [CHAIN_CASES="[(1, 8192, 0), ...]"] [CHAIN_ROUNDS=5]
-       python3 tools/attn2_dev/chain_ab.py"""
+one CUDA graph, us per layer) with one op (CHAIN_OP: attn2, the default, or qkv_front) from muse_ops
+against the same op from a kernel module copy, interleaved round after round in one process; then
+every layer's out of both, compared in bits.
+usage: CHAIN_OLD=path/to/kernel_copy.py [CHAIN_OP=qkv_front] [CHAIN_CASES="[(1, 8192, 0), ...]"]
+       [CHAIN_ROUNDS=5] python3 tools/attn2_dev/chain_ab.py"""
 import os
 import statistics
 import sys
@@ -14,6 +15,8 @@ from bench import chain, timing as T  # noqa: E402
 from muse_ops.cutedsl.launch import kernel_copy, launch_attn2, launch_qkv_front  # noqa: E402
 
 OLD = kernel_copy(os.environ["CHAIN_OLD"])
+OP = os.environ.get("CHAIN_OP", "attn2")
+assert OP in ("attn2", "qkv_front"), OP
 CASES = eval(os.environ.get("CHAIN_CASES", "[(1, 8192, 0), (2, 8192, 0), (4, 8192, 0), (8, 8192, 0), "
                                            "(32, 8192, 0), (64, 8192, 0)]"))
 ROUNDS = int(os.environ.get("CHAIN_ROUNDS", "5"))
@@ -25,11 +28,11 @@ for spec in CASES:
         def fn(_):
             for layer in layers:
                 launch_qkv_front(layer["x"], layer["w"], layer["pos"], layer["slots"], layer["cos_sin"],
-                                 kv.kv_cache, layer["y"], err)
+                                 kv.kv_cache, layer["y"], err, _kernel=kernel if OP == "qkv_front" else None)
                 c = layer["cfg"]
                 launch_attn2(layer["y"], kv.kv_cache, layer["table"], kv.seq_lens, layer["out"], layer["ws"], err,
                              q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len,
-                             _kernel=kernel)
+                             _kernel=kernel if OP == "attn2" else None)
         return fn
     variants = {"old": OLD, "new": None}
     outs = {}
