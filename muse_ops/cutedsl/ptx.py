@@ -91,12 +91,6 @@ def st_dsmem_f32x2(addr: Int32, v0: Float32, v1: Float32):
 
 
 @cute.jit
-def st_dsmem_f32(addr: Int32, v: Float32):
-    """One fp32 to a shared::cluster address (a peer CTA's shared memory or this CTA's); no reply."""
-    cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};", read_only_args=[addr, v])
-
-
-@cute.jit
 def wgmma_commit(mma_atom, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, zero_init: cutlass.Constexpr[bool]):
     """acc (+)= A B over the k blocks of tA / tB, issued as one committed wgmma group and not
     waited for: acc, and the smem tA / tB read, belong to the wgmma until a wait_group."""
