@@ -33,10 +33,11 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
   an fp32 accumulator that starts at 0, and releases a stage once the next one's wgmmas are
   issued (one group in flight).
 - The split-K sum: the tile's tokens are owned in blocks of 8 (an accumulator column group; 2
-  in tiles of up to 16 tokens), block b by rank b % S. Once every CTA of the cluster has drained its ring (a cluster barrier),
-  each pushes its fp32 accumulator straight from registers to the owners (st.shared::cluster, 8
-  bytes a store, 256 contiguous bytes a warp) into their landing zones in the ring, a
-  [64 columns][8 tokens] slab per (owned block, source rank, head) (qkv_front_plan.landing_slab).
+  in tiles of up to 16 tokens), block b by rank b % S. Once every CTA of the cluster has drained
+  its ring (a cluster barrier), each pushes its fp32 accumulator straight from registers to the
+  owners (st.shared::cluster, 8 bytes a store; with blocks of 8, 256 contiguous bytes a warp) into
+  their landing zones in the ring, a [64 columns][block] slab per (owned block, source rank, head)
+  (qkv_front_plan.landing_slab).
   After a second cluster barrier (release / acquire) the owner reads the S partials of its
   rows from its own shared memory and adds them in rank order (explicit add.rn), rounds to bf16
   and runs the epilogue: no global scratch, no atomics (except the error flag), no state across
@@ -77,7 +78,7 @@ from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import add_rn, fma_rn, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32x2
 from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, X_BOX_MIN_ROWS, QkvFrontConfig,  # noqa: F401
-                             landing_slab_floats, ci_variants, deployment_variants, k_split, launch_config)
+                             ci_variants, deployment_variants, k_split, landing_slab_floats, launch_config)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS

@@ -146,6 +146,11 @@ def owned_token(index: int, rank: int, split: int, block: int = OWNER_BLOCK) -> 
     return (b * split + rank) * block + e
 
 
+def k_range(rank: int, split: int) -> tuple[int, int]:
+    """The K tiles [lo, hi) rank `rank` of a split of `split` sums (as the kernel derives them)."""
+    return rank * K_TILES // split, (rank + 1) * K_TILES // split
+
+
 @dataclass(frozen=True)
 class QkvFrontConfig:
     """Compile-time parameters of one variant (M, N, Hkv, the K split, the cache size and every
