@@ -1,5 +1,5 @@
-"""Timing-only copies of the qkv_front kernel module, for the bounds table of bench/RESULTS.md
-(eleventh run): each loads the first ring's worth of stages as the kernel does, then
+"""Timing-only copies of the qkv_front kernel module, for the bounds table of the eleventh run
+(bench/RESULTS-archive.md): each loads the first ring's worth of stages as the kernel does, then
 
     nox     stops loading x (the weights still stream)
     now     stops loading the weights (x still streams)
