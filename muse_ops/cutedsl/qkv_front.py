@@ -78,7 +78,8 @@ from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import add_rn, fma_rn, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32x2
 from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, X_BOX_MIN_ROWS, QkvFrontConfig,  # noqa: F401
-                             ci_variants, deployment_variants, k_split, landing_slab_floats, launch_config)
+                             ci_variants, deployment_variants, k_split, landing_offset, landing_slab,
+                             landing_slab_floats, launch_config, owned_token)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
@@ -393,8 +394,8 @@ class QkvFrontSm90:
             owner_base = base[0]
             for r in cutlass.range_constexpr(1, MAX_K_SPLIT):
                 owner_base = owner_base + Int32(owner == r) * (base[r] - base[0])
-            slab = (owned * split + rank) * self.heads_per_cta + wg
-            offset = slab * self.slab + (c + c // 16) * self.owner_block + t % self.owner_block
+            slab = landing_slab(owned, rank, wg, split, self.heads_per_cta)
+            offset = slab * self.slab + landing_offset(c, t % self.owner_block, self.owner_block)
             st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
 
     @cute.jit
@@ -416,12 +417,6 @@ class QkvFrontSm90:
                     if tile * self.token_tile + i < m:
                         set_error_bit(mErr, BAD_POSITION)
                 sPos[i] = Int32(pos)
-
-    @cute.jit
-    def owned_token(self, index: Int32, rank: Int32, split: Int32) -> Int32:
-        """The tile token of rank's index-th owned token (qkv_front_plan.owned_token)."""
-        block = self.owner_block
-        return ((index // block) * split + rank) * block + index % block
 
     @cute.jit
     def load_cos_sin(self, cos: cute.Tensor, sin: cute.Tensor, mCS: cute.Tensor, sPos: cute.Tensor, t: Int32,
@@ -468,13 +463,13 @@ class QkvFrontSm90:
         if const_expr(self.rope):
             if rows > 0:
                 self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos,
-                                  self.owned_token(cutlass.min(lane_row, rows - 1) // heads, rank, split), col)
+                                  owned_token(cutlass.min(lane_row, rows - 1) // heads, rank, split, block), col)
         for base in cutlass.range(0, rows, self.rows_per_pass, unroll=1):
             # lanes past the last row repeat it (the butterfly needs the whole quad) but store nothing
             active = Int32(base + lane_row < rows)
             row = cutlass.min(base + lane_row, rows - 1)
             own = row // heads
-            t = self.owned_token(own, rank, split)
+            t = owned_token(own, rank, split, block)
             hh = row % heads
             token = tile * tokens + t
             head = head_group * heads + hh
@@ -485,17 +480,17 @@ class QkvFrontSm90:
                     sin[i] = sin_ahead[i]
                 if base + self.rows_per_pass < rows:
                     ahead = cutlass.min(base + self.rows_per_pass + lane_row, rows - 1)
-                    self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos, self.owned_token(ahead // heads, rank, split),
+                    self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos, owned_token(ahead // heads, rank, split, block),
                                       col)
             # ---- split-K sum: the partials in rank order, one rounding per add; every rank's
             # loads go out together (from this CTA's shared memory: the pushes were acquired)
             acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
             acc.fill(0.0)
             part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, MAX_K_SPLIT), stride=(1, ROW_COLS)), Float32)
-            at = (col + col // 16) * block + own % block        # qkv_front_plan.landing_offset
+            at = landing_offset(col, own % block, block)   # column col + c is at + c * block (c < 16)
             for g in cutlass.range_constexpr(MAX_K_SPLIT):
                 if g < split:
-                    slab = ((own // block) * split + g) * heads + hh  # qkv_front_plan.landing_slab
+                    slab = landing_slab(own // block, g, hh, split, heads)
                     for c in cutlass.range_constexpr(ROW_COLS):
                         part[c, g] = sL[slab * self.slab + at + c * block]
             for g in cutlass.range_constexpr(MAX_K_SPLIT):

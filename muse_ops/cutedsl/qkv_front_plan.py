@@ -123,7 +123,8 @@ def landing_bytes(token_tile: int, heads_per_cta: int, block: int = OWNER_BLOCK)
 
 def landing_slab(owned_block: int, source: int, head: int, split: int, heads_per_cta: int) -> int:
     """The slab index of an owner's landing zone that holds its owned_block-th block's partial
-    from rank `source` for head `head` (as the kernel derives it)."""
+    from rank `source` for head `head`. The kernel calls this (and landing_offset, owned_token) on
+    its run-time integers, so these use only operators the DSL's integers have."""
     return (owned_block * split + source) * heads_per_cta + head
 
 
@@ -133,8 +134,9 @@ def landing_offset(column: int, token_in_block: int, block: int = OWNER_BLOCK) -
 
 
 def owned_tokens(t_count: int, rank: int, split: int, block: int = OWNER_BLOCK) -> int:
-    """Tokens rank owns of a tile's first t_count (as the kernel derives them): its whole blocks
-    below t_count, then the partial block if that is its."""
+    """Tokens rank owns of a tile's first t_count (as the kernel derives them, dividing by the
+    run-time split by multiply and shift): its whole blocks below t_count, then the partial block
+    if that is its."""
     whole, rest = divmod(t_count, block)
     n = (whole - rank + split - 1) // split * block
     return n + (rest if whole % split == rank else 0)
@@ -142,8 +144,7 @@ def owned_tokens(t_count: int, rank: int, split: int, block: int = OWNER_BLOCK) 
 
 def owned_token(index: int, rank: int, split: int, block: int = OWNER_BLOCK) -> int:
     """The tile token of rank's index-th owned token."""
-    b, e = divmod(index, block)
-    return (b * split + rank) * block + e
+    return ((index // block) * split + rank) * block + index % block
 
 
 def k_range(rank: int, split: int) -> tuple[int, int]:
