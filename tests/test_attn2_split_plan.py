@@ -42,3 +42,15 @@ def test_deployment_maxima_bound_every_length(q_len, window, max_seq_len):
             assert cfg.chunks_per_cta * c_max * cfg.pages_per_step <= cfg.page_table_max
     # one workspace serves every layout (the same slots; the counters at the end)
     assert len({A.workspace_layout(c, 7, 2) for c in cfgs}) == 1
+
+
+def test_node_count_by_length():
+    """Nodes by L (4 pages = 64 keys a step): one below 64 steps, two from 64, then a node per 64
+    steps up to NODES_MAX; (32, 64) gives the tree of a node per 32 steps (the nineteenth run's
+    A/B baseline)."""
+    from muse_ops.cutedsl.attn2_plan import node_count
+    steps = {L: L // 64 for L in (1024, 2048, 4096, 6144, 8192, 12288, 16384, 32768, 65536)}
+    assert {L: node_count(n) for L, n in steps.items()} == {
+        1024: 1, 2048: 1, 4096: 2, 6144: 2, 8192: 2, 12288: 3, 16384: 4, 32768: 8, 65536: 8}
+    assert all(node_count(n, 32, 64) == max(1, min(A.NODES_MAX, n // 32)) for n in range(1, 4097))
+    assert all(node_count(a) <= node_count(b) for a, b in zip(range(1, 4096), range(2, 4097)))   # monotonic

@@ -18,8 +18,8 @@ Tensors (all contiguous, 16-byte aligned):
 Design (split KV with cluster and workspace merges on wgmma + TMA; one reduction tree per
 request whatever the batch; docs/DESIGN.md section 11):
 - The reduction tree of a request depends on its own L and the deployment only (split_plan): its
-  visible pages are cut into ring steps of pages_per_step pages; about steps // 32 nodes (1 to
-  NODES_MAX = 8, so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub
+  visible pages are cut into ring steps of pages_per_step pages; about steps // 64 nodes, 2 from
+  64 steps (node_count: 1 to NODES_MAX = 8, so at most 128 chunks); 2 subs per node; SUB_CHUNKS chunks per sub
   (WINDOW_SUB_CHUNKS = 4 for window deployments, whose ~33 steps make one node: 8 chunks); chunk j
   covers steps [j * steps // chunks, (j + 1) * steps // chunks). A chunk is an online
   softmax from the identity I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a
@@ -492,17 +492,16 @@ class Attn2Sm90:
     def load_page_table_guesses(self, mPT: cute.Tensor, request: Int32, split: Int32, warp: Int32,
                                 lane: Int32) -> Int32:
         """Every thread, before the PDL wait; returns pt_guess. Wide: what does not need L goes
-        out together with L (one latency instead of two): warp w < 3's guess of the CTA's
-        page-table entries, 32 from step (w + 1) * split: chunk s starts at step s * steps //
-        chunks, which one of them covers when steps / chunks is close to 1, 2 or 3 (every L <=
-        1024 and L a multiple of 2048 up to 24576; 63% of the L up to 16384; split_plan). A
-        guess, checked against L in stage_page_table; measured 0.2-0.4 us faster at B=1 (L = 512,
-        6000, 8192). Deep: -1 (its CTAs load their entries after L)."""
+        out together with L (one latency instead of two): warp w's guess of the CTA's page-table
+        entries, 32 from step (w + 1) * split: chunk s starts at step s * steps // chunks, which
+        one of them covers when steps / chunks is close to 1, 2, 3 or 4 (every CTA at L <= 1024,
+        2048, 6144 and the multiples of 4096 up to 32768; 48% of the CTAs over the L up to 16384;
+        split_plan). A guess, checked against L in stage_page_table; measured 0.2-0.4 us faster
+        at B=1 (L = 512, 6000, 8192, with guesses of 1-3 and the tree of a node per 32 steps).
+        Deep: -1 (its CTAs load their entries after L)."""
         pt_guess = Int32(-1)
         if const_expr(self.wide):
-            if warp < 3:
-                pt_guess = mPT[request, cutlass.min((warp + 1) * split * self.pages_per_step + lane,
-                                                    mPT.shape[1] - 1)]
+            pt_guess = mPT[request, cutlass.min((warp + 1) * split * self.pages_per_step + lane, mPT.shape[1] - 1)]
         return pt_guess
 
     @cute.jit
@@ -549,7 +548,8 @@ class Attn2Sm90:
         first_page = key_lo // PAGE_SIZE
         last_page = (L - 1) // PAGE_SIZE
         n_steps = (last_page - first_page + pages_per_step) // pages_per_step
-        n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_steps // self.cfg.node_min_steps))
+        n_nodes = cutlass.max(n_steps // self.cfg.node_min_steps, Int32(n_steps >= self.cfg.two_node_steps) * 2)
+        n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_nodes))   # attn2_plan.node_count
         n_chunks = cutlass.min(2 * self.sub_chunks * n_nodes, n_steps)
         n_subs = (n_chunks + self.sub_chunks - 1) // self.sub_chunks
         n_nodes = (n_subs + 1) // 2
@@ -579,7 +579,7 @@ class Attn2Sm90:
         n_pt = cutlass.min(my_steps * pages_per_step, Int32(self.page_table_max))
         guess_warp = Int32(-1)
         if const_expr(self.wide):
-            for guess in cutlass.range_constexpr(2, -1, -1):
+            for guess in cutlass.range_constexpr(THREADS // 32 - 1, -1, -1):   # a guess per warp
                 off = page_base - (guess + 1) * split * pages_per_step
                 if Int32(off >= 0) * Int32(off + n_pt <= 32) != 0:
                     guess_warp = Int32(guess)

@@ -26,8 +26,21 @@ WINDOW_SUB_CHUNKS = 4  # the same with a window (sub_chunks)
 NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); measured against 16
                        # and 4 (us): B=16 L=65536 136 / 149 / 160, mixed B=64 158 / 164 / 166,
                        # B=1 L=131072 27.4 / 29.6 / 35.8, B=128 L=16384 309 / 310 / 284
-NODE_MIN_STEPS = 32    # ring steps per node before a second node is opened
-WIDE_MAX_PAIRS = 16    # the wide layout runs up to this many (request, KV head) pairs per launch
+# Nodes of a request (split_plan): one below TWO_NODE_STEPS ring steps, two from there, then one
+# per NODE_MIN_STEPS steps, so from L = 8192 a chunk is 4 steps (256 keys). With a node per 32
+# steps (the tree before, 2-step chunks up to L = 16384) a request has twice the chunks and subs:
+# at Hkv 2 a B=8 L=8192 batch ran wide in two waves of CTAs and B=64-128 ran deep in two and four
+# waves. Measured on the H200 (tools/attn2_dev/ab.py, Hkv 2, us, the layout the host picks;
+# bench/RESULTS.md, nineteenth run): B=8 L=8192 22.9 -> 16.8, B=64 84.4 -> 74.3, B=128 168.9 ->
+# 149.2, B=8 L=16384 42.5 -> 32.5, B=128 L=16384 308 -> 280, mixed B=64 155.7 -> 145.2; slower
+# where neither layout fills the GPU with the longer chunks: B=1 L=8192 7.2 -> 7.75, B=16 27.6 ->
+# 35.6, B=24 34.7 -> 42.1, B=12 L=16384 36.0 -> 46.6. From 64 to 127 steps (L = 4096-8191) two
+# nodes, as before at L = 4096: one node there made B=32 L=4096 27.5 -> 34.3.
+NODE_MIN_STEPS = 64    # ring steps per node from the third node on
+TWO_NODE_STEPS = 64    # ring steps from which a request has two nodes
+WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head) pairs per launch
+                       # (B=12 at Hkv 2: wide 27.8 us against deep 35.3 at L=8192, 19.3 against
+                       # 21.4 at L=4096, but 46.6 against 42.8 at L=16384)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
 
 
@@ -43,13 +56,19 @@ def sub_chunks(window: int) -> int:
     return WINDOW_SUB_CHUNKS if window > 0 else SUB_CHUNKS
 
 
-def split_plan(n_steps: int, chunks_per_sub: int = SUB_CHUNKS,
-               node_min_steps: int = NODE_MIN_STEPS) -> tuple[int, int, int, int]:
+def node_count(n_steps: int, node_min_steps: int = NODE_MIN_STEPS, two_node_steps: int = TWO_NODE_STEPS) -> int:
+    """Nodes of a request with n_steps ring steps (before split_plan trims empty ones): n_steps //
+    node_min_steps, at least 2 from two_node_steps steps, 1 to NODES_MAX (as the kernel derives it)."""
+    return max(1, min(NODES_MAX, max(n_steps // node_min_steps, 2 * int(n_steps >= two_node_steps))))
+
+
+def split_plan(n_steps: int, chunks_per_sub: int = SUB_CHUNKS, node_min_steps: int = NODE_MIN_STEPS,
+               two_node_steps: int = TWO_NODE_STEPS) -> tuple[int, int, int, int]:
     """(most steps of a chunk, chunks, subs, nodes) of a request with n_steps ring steps, exactly
-    as the kernel derives them from L: about n_steps // 32 nodes (1 to NODES_MAX) of 16 chunks,
-    chunk j covering steps [j * n_steps // chunks, (j + 1) * n_steps // chunks), so the subs of a
-    request (the work of a deep CTA) differ by at most one step."""
-    nodes = max(1, min(NODES_MAX, n_steps // node_min_steps))
+    as the kernel derives them from L: node_count(n_steps) nodes of 16 chunks, chunk j covering
+    steps [j * n_steps // chunks, (j + 1) * n_steps // chunks), so the subs of a request (the work
+    of a deep CTA) differ by at most one step."""
+    nodes = node_count(n_steps, node_min_steps, two_node_steps)
     n_chunks = min(2 * chunks_per_sub * nodes, n_steps)
     n_subs = -(-n_chunks // chunks_per_sub)
     return -(-n_steps // n_chunks), n_chunks, n_subs, -(-n_subs // 2)
@@ -71,8 +90,9 @@ class Attn2Config:
     pages_per_step: int = 4   # pages per ring step (keys per step = 16 pages, the N of S = Q K^T)
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
     pdl: bool = True  # programmatic dependent launch (only seq_lens and the page table read before griddepcontrol.wait)
-    node_min_steps: int = NODE_MIN_STEPS   # ring steps per node before another is opened (split_plan)
+    node_min_steps: int = NODE_MIN_STEPS   # ring steps per node from the third on (node_count)
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
+    two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -122,14 +142,16 @@ class Attn2Config:
     def create(q_len: int, window: int, max_seq_len: int, layout: str = "deep",
                stages: int | None = None, min_blocks: int | None = None,
                pdl: bool = True, node_min_steps: int | None = None,
-               chunks_per_sub: int | None = None) -> "Attn2Config":
+               chunks_per_sub: int | None = None, pages_per_step: int = 4,
+               two_node_steps: int = TWO_NODE_STEPS) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). Measured on the H200
         # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
         # once): B=1 L=8192 9.3 vs 9.5, but B=8 L=2048 17.1 vs 13.2 (3 CTAs per SM instead of 5);
         # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
+        # pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree in keys) was slower
+        # wide (B=8 L=8192 26.7 against 22.9) and deep from B=64; a dev knob (nineteenth run).
         assert layout in LAYOUTS, layout
-        pages_per_step = 4
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
         else:
@@ -141,7 +163,7 @@ class Attn2Config:
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
         if node_min_steps is None:
             node_min_steps = NODE_MIN_STEPS
-        plans = [split_plan(n, per_sub, node_min_steps)
+        plans = [split_plan(n, per_sub, node_min_steps, two_node_steps)
                  for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
         nodes_max = max(p[3] for p in plans)
@@ -153,7 +175,7 @@ class Attn2Config:
             # before the PDL wait took it to 104, 4 CTAs per SM, and B=4 L=8192 from 13.0 to 15.7 us)
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
-                          min_blocks, pdl, node_min_steps, chunks_per_sub or 0)
+                          min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps)
         # the merge buffer (query rows x 64 fp32) reuses the K and V rings
         assert 2 * cfg.stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         return cfg
