@@ -4,6 +4,7 @@ usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2_dev/ab.py
   AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768];
                B = a list of lengths: those requests (L unused)
   AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench; a list case: its longest)
+  AB_QLEN:     the query block (8: verify, the default; 1: decode)
 Every variant of a case is built once (run_dev.build_case, deployment max_seq_len = L) on the
 first variant's inputs and timed in turn, round after round, so drifts of the GPU hit all of them
 alike; then each variant's out on the first input set is compared in bits with the first
@@ -16,6 +17,7 @@ import torch
 VARIANTS = eval(os.environ["AB_VARIANTS"])      # [(label, file or None, override dict)]
 CASES = eval(os.environ["AB_CASES"])            # [(B, L, W, labels or None)]
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
+QLEN = int(os.environ.get("AB_QLEN", "8"))
 mods = {f: run_dev.load_kernel(f) for _, f, _ in VARIANTS}
 g = torch.Generator().manual_seed(0)
 MIXED = [int(x) for x in torch.randint(512, 32769, (64,), generator=g)]
@@ -29,7 +31,7 @@ for (B, L, W, labels) in CASES:
         if labels and lab not in labels:
             continue
         run_dev.A, run_dev.KERNEL = mods[f], (mods[f] if f else None)
-        case = run_dev.build_case(len(lens) if lens else B, L, W, lens=lens, over=over, msl=msl)
+        case = run_dev.build_case(len(lens) if lens else B, L, W, q_len=QLEN, lens=lens, over=over, msl=msl)
         if built:   # the same inputs for every variant (their outputs are compared)
             case.pools, case.y, case.seq = built[0][2].pools, built[0][2].y, built[0][2].seq
         run_dev.graph_us(case)          # compile + warm
@@ -47,6 +49,9 @@ for (B, L, W, labels) in CASES:
         outs.append(case.out.clone())
         assert int(case.err.item()) == 0
     differ = [lab for (lab, _, _), o in zip(built, outs) if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16))]
+    # a variant of another tree gives other bits: how far (largest |diff| / largest |out|) says if it is rounding
+    differ = [f"{lab} {((o.float() - outs[0].float()).abs().max() / outs[0].float().abs().max()).item():.1e}"
+              for (lab, _, _), o in zip(built, outs) if lab in differ]
     fl = built[0][2].pool_bytes / 4.1e12 * 1e6
     print(f"AB {str(name):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
         f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)

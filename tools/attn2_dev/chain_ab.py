@@ -3,7 +3,8 @@ one CUDA graph, us per layer) with one op (CHAIN_OP: attn2, the default, or qkv_
 against the same op from a kernel module copy, interleaved round after round in one process; then
 every layer's out of both, compared in bits.
 usage: CHAIN_OLD=path/to/kernel_copy.py [CHAIN_OP=qkv_front] [CHAIN_CASES="[(1, 8192, 0), ...]"]
-       [CHAIN_ROUNDS=5] python3 tools/attn2_dev/chain_ab.py"""
+       [CHAIN_ROUNDS=5] [CHAIN_OLD_OVER="{...}"] python3 tools/attn2_dev/chain_ab.py
+CHAIN_OLD_OVER: a launch-config override for the copy's launches (e.g. the tree it was built for)."""
 import os
 import statistics
 import sys
@@ -20,19 +21,28 @@ assert OP in ("attn2", "qkv_front"), OP
 CASES = eval(os.environ.get("CHAIN_CASES", "[(1, 8192, 0), (2, 8192, 0), (4, 8192, 0), (8, 8192, 0), "
                                            "(32, 8192, 0), (64, 8192, 0)]"))
 ROUNDS = int(os.environ.get("CHAIN_ROUNDS", "5"))
+OLD_OVER = eval(os.environ.get("CHAIN_OLD_OVER", "None"))
 device = torch.device("cuda")
 for spec in CASES:
     a, kv, layers, err = chain._stack(device, spec)
+    if OLD_OVER and OP == "attn2":   # the copy's tree may need more workspace slots: one buffer for both
+        from muse_ops.cutedsl import attn2_plan as P
+        for layer in layers:
+            c = layer["cfg"]
+            old_bytes = P.workspace_layout(P._config(c.q_len, c.window, c.max_seq_len, **OLD_OVER), a.batch, a.kv_heads)[2]
+            layer["ws"] = torch.zeros(max(old_bytes, layer["ws"].numel()), dtype=torch.uint8, device=device)
 
     def stack(kernel):
         def fn(_):
             for layer in layers:
+                over = OLD_OVER if kernel is not None else None
                 launch_qkv_front(layer["x"], layer["w"], layer["pos"], layer["slots"], layer["cos_sin"],
-                                 kv.kv_cache, layer["y"], err, _kernel=kernel if OP == "qkv_front" else None)
+                                 kv.kv_cache, layer["y"], err, _kernel=kernel if OP == "qkv_front" else None,
+                                 _cfg_override=over if OP == "qkv_front" else None)
                 c = layer["cfg"]
                 launch_attn2(layer["y"], kv.kv_cache, layer["table"], kv.seq_lens, layer["out"], layer["ws"], err,
                              q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len,
-                             _kernel=kernel if OP == "attn2" else None)
+                             _kernel=kernel if OP == "attn2" else None, _cfg_override=over if OP == "attn2" else None)
         return fn
     variants = {"old": OLD, "new": None}
     outs = {}
