@@ -33,9 +33,10 @@ for spec in CASES:
             layer["ws"] = torch.zeros(max(old_bytes, layer["ws"].numel()), dtype=torch.uint8, device=device)
 
     def stack(kernel):
+        over = OLD_OVER if kernel is not None else None
+
         def fn(_):
             for layer in layers:
-                over = OLD_OVER if kernel is not None else None
                 launch_qkv_front(layer["x"], layer["w"], layer["pos"], layer["slots"], layer["cos_sin"],
                                  kv.kv_cache, layer["y"], err, _kernel=kernel if OP == "qkv_front" else None,
                                  _cfg_override=over if OP == "qkv_front" else None)
