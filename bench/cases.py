@@ -76,8 +76,14 @@ class Attn2Case:
         return kv + io + pt
 
     def flops(self) -> float:
+        """Q K^T and P V of every query row over the keys it sees (the wgmma's zero rows of a
+        decode block are not counted: they are the kernel's choice, not the op's work)."""
         hq = GROUP * self.kv_heads
         return sum(4.0 * self.q_len * hq * HEAD_DIM * self.needed_keys(L) for L in self.lens)
+
+    def kernels(self) -> list[tuple[int, float]]:
+        """(bytes, FLOPs) of each kernel the op runs, in order (bench/run.py's bound)."""
+        return [(self.bytes(), self.flops())]
 
 
 def case_suffix(window: int, q_len: int, kv_heads: int) -> str:
@@ -109,6 +115,13 @@ class QkvCase:
         """weight (N x 8192 x 2) + x + y + cache rows."""
         n = proj_cols(self.kv_heads)
         return n * HIDDEN * 2 + self.m * HIDDEN * 2 + self.m * n * 2 + self.m * self.kv_heads * 2 * HEAD_DIM * 2
+
+    def flops(self) -> float:
+        """The projection's 2 M N K (the epilogue's norm and RoPE are a few FLOPs per output)."""
+        return 2.0 * self.m * HIDDEN * proj_cols(self.kv_heads)
+
+    def kernels(self) -> list[tuple[int, float]]:
+        return [(self.bytes(), self.flops())]
 
 
 def qkv_case(spec) -> QkvCase:

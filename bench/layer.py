@@ -56,6 +56,18 @@ class LayerCase:
         inserted = rows * a.kv_heads * 2 * HEAD_DIM * 2
         return weight + a.bytes() + rows * HIDDEN * 2 + inserted
 
+    def flops(self) -> float:
+        return self.front().flops() + self.attn.flops()
+
+    def front(self) -> C.QkvCase:
+        """The layer's qkv_front: its M tokens at the deployment's Hkv."""
+        return C.QkvCase(self.attn.batch * self.attn.q_len, kv_heads=self.attn.kv_heads, rope=self.attn.window > 0)
+
+    def kernels(self) -> list[tuple[int, float]]:
+        """qkv_front then attn2, each with the bytes it moves (y is written by one and read by the
+        other) and its FLOPs: the layer as two kernels, one after the other."""
+        return self.front().kernels() + self.attn.kernels()
+
 
 def layer_case(spec) -> LayerCase:
     return LayerCase(C.attn2_case(spec))

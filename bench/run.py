@@ -96,8 +96,8 @@ def _err(kind, out, ref):
 def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log, deadline=None) -> dict:
     row = {"case": case.name, "bytes": case.bytes(), "sets": inp.sets, "note": inp.note, "results": {},
            "eager_us": {}, "check": {}}
-    if kind == "attn2":
-        row["flops"] = case.flops()
+    row["flops"] = case.flops()
+    row["kernels"] = case.kernels()
     ref = None
     import time
     for name in names:
@@ -142,14 +142,31 @@ def summarize(row, floors, peers) -> None:
         bw = row["bytes"] / (floors["hbm_tbps"] * 1e12) * 1e6
         row["floor_bw_us"] = bw
         row["floor_us"] = max(bw, floors["node_us"])
+        if floors.get("tensor_tflops") and row.get("kernels"):
+            row["bound_us"], row["bound_by"] = kernel_bound(row["kernels"], floors)
     if ours:
         o = res[ours]["us"]
         if floors:
             row["ours_over_floor"] = o / row["floor_us"]
+            if "bound_us" in row:
+                row["ours_over_bound"] = o / row["bound_us"]
         peer_times = [(res[p]["us"], p) for p in peers if "us" in res.get(p, {})]
         if peer_times:
             best, who = min(peer_times)
             row["best_peer"], row["best_peer_over_ours"] = who, best / o
+
+
+def kernel_bound(kernels, floors) -> tuple[float, str]:
+    """The time the op's kernels need one after another, each at the slower of moving its bytes
+    at the measured copy bandwidth and doing its FLOPs at the measured matmul rate (at least one
+    graph node), and which of the two bounds each kernel ("hbm" / "tensor", joined by "+")."""
+    total, by = 0.0, []
+    for nbytes, flops in kernels:
+        hbm = nbytes / (floors["hbm_tbps"] * 1e12) * 1e6
+        tensor = flops / (floors["tensor_tflops"] * 1e12) * 1e6
+        total += max(hbm, tensor)
+        by.append("hbm" if hbm >= tensor else "tensor")
+    return max(total, floors["node_us"]), "+".join(by)
 
 
 def format_table(rows, names, title) -> str:
@@ -158,13 +175,15 @@ def format_table(rows, names, title) -> str:
         if "us" in v:
             return f"{v['us']:.1f}"
         return "absent" if "absent" in v else ("error" if "error" in v else ("skipped" if "skipped" in v else "-"))
-    head = ["case"] + names + ["floor us", "ours/floor", "best peer/ours", "eager ours us"]
+    head = ["case"] + names + ["floor us", "ours/floor", "bound us", "ours/bound", "best peer/ours", "eager ours us"]
     lines = [f"{title}", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         eager = r["eager_us"].get(r.get("ours") or "", None)
         lines.append("| " + " | ".join([r["case"]] + [cell(r, n) for n in names] + [
             f"{r['floor_us']:.1f}" if "floor_us" in r else "-",
             f"{r['ours_over_floor']:.2f}" if "ours_over_floor" in r else "-",
+            f"{r['bound_us']:.1f} ({r['bound_by']})" if "bound_us" in r else "-",
+            f"{r['ours_over_bound']:.2f}" if "ours_over_bound" in r else "-",
             f"{r['best_peer_over_ours']:.2f} ({r['best_peer']})" if "best_peer_over_ours" in r else "-",
             f"{eager:.1f}" if eager is not None else "-"]) + " |")
     return "\n".join(lines)
@@ -179,6 +198,11 @@ def notes(result) -> list[str]:
         "floor us = max(bytes / measured HBM copy bandwidth, one CUDA-graph node); attn2 bytes = KV rows each "
         "request needs (window-limited) x Hkv x 256 B + y's q and gate columns + out + page-table entries; "
         "qkv_front bytes = weight + x + y + inserted cache rows.",
+        "bound us: the op's kernels one after another, each at the slower of its bytes at the HBM copy "
+        "bandwidth and its FLOPs at the measured bf16 matmul rate (the projection's 2 M N K; attn2's Q K^T "
+        "and P V over the keys each row sees), named by which bounds each kernel (hbm / tensor; the layer: "
+        "qkv_front+attn2, y written by one and read by the other). Where a kernel is tensor-bound the "
+        "bytes floor is not reachable.",
         "ours = muse:cutedsl where it runs, else muse:reference. best peer/ours > 1: ours is faster. "
         "eager ours us: per-call time of back-to-back eager calls (host path included).",
         "fa4: flash_attn.cute.flash_attn_varlen_func, paged (page 16, own [pages,16,Hkv,64] K/V caches), causal, "
@@ -236,7 +260,8 @@ def render_markdown(result: dict) -> str:
              f"Triton {env.get('triton')}, "
              f"commit {env.get('commit')}.", ""]
     if fl:
-        lines += [f"Measured: HBM copy {fl['hbm_tbps']:.2f} TB/s; one CUDA-graph node {fl['node_us']:.2f} us.", ""]
+        rate = f"; bf16 matmul {fl['tensor_tflops']:.0f} TFLOPS" if fl.get("tensor_tflops") else ""
+        lines += [f"Measured: HBM copy {fl['hbm_tbps']:.2f} TB/s{rate}; one CUDA-graph node {fl['node_us']:.2f} us.", ""]
     for op, key in TABLES:
         names = result.get(key)
         if result.get(op):
@@ -347,8 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     floors = None
     l2 = T.l2_bytes(device) if not cpu else 1
     if not cpu:
-        floors = {"hbm_tbps": T.measure_hbm_tbps(device), "node_us": T.measure_graph_node_us(device)}
-        log(f"floors: HBM copy {floors['hbm_tbps']:.2f} TB/s, one graph node {floors['node_us']:.2f} us, "
+        floors = {"hbm_tbps": T.measure_hbm_tbps(device), "node_us": T.measure_graph_node_us(device),
+                  "tensor_tflops": T.measure_tensor_tflops(device)}
+        log(f"floors: HBM copy {floors['hbm_tbps']:.2f} TB/s, bf16 matmul {floors['tensor_tflops']:.0f} TFLOPS, "
+            f"one graph node {floors['node_us']:.2f} us, "
             f"L2 {l2 / 2**20:.0f} MiB")
     check = not a.no_check
     attn_names = K.attn2_contenders(device)

@@ -124,6 +124,26 @@ def measure_hbm_tbps(device, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / statistics.median(ts[2:]) / 1e12
 
 
+def measure_tensor_tflops(device, n: int = 8192) -> float:
+    """Dense bf16 tensor-core rate (TFLOPS) of one large cuBLAS matmul (n x n by n x n, fp32
+    accumulation), median of 10: what a kernel's FLOPs are held against. It is below the
+    datasheet's peak (989 TFLOPS dense on an H100 / H200 SXM at its boost clock): what this GPU
+    sustains under its power limit is the honest ceiling."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    c = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    ts = []
+    for _ in range(12):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        torch.matmul(a, b, out=c)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e-3)
+    del a, b, c
+    return 2.0 * n ** 3 / statistics.median(ts[2:]) / 1e12
+
+
 def measure_graph_node_us(device, nodes: int = 200) -> float:
     """One CUDA-graph node running a tiny kernel (a 1-element add)."""
     x = torch.zeros(1, device=device)

@@ -23,3 +23,27 @@ def test_bench_cpu_quick(tmp_path, capsys):
     appended.write_text("# header\n")
     assert run.main(["--render", str(out), "--append", str(appended)]) == 0
     assert appended.read_text().startswith("# header\n") and "## " in appended.read_text()
+
+
+def test_kernel_bound_names_what_bounds_each_kernel():
+    """The bound column: a kernel at the slower of its bytes and its FLOPs, the layer's two kernels
+    summed. Hand-computed at 4 TB/s and 800 TFLOPS: qkv_front M=1024 (Hkv 2) does 2 * 1024 * 8192 *
+    2304 = 38.65 GFLOP (48.3 us) against 37.7 MB of weight (9.4 us), so it is tensor-bound; attn2
+    B=128 L=8192 moves 128 * 2 * 8192 * 256 B of KV (134 us) and is HBM-bound."""
+    from bench import cases as C, layer as LY
+    floors = {"hbm_tbps": 4.0, "tensor_tflops": 800.0, "node_us": 1.0}
+    front = C.qkv_case(1024)
+    assert front.flops() == 2.0 * 1024 * 8192 * 2304
+    us, by = run.kernel_bound(front.kernels(), floors)
+    assert by == "tensor" and abs(us - front.flops() / 800e12 * 1e6) < 1e-9
+    attn = C.attn2_case((128, 8192, 0))
+    kv = 128 * 2 * 8192 * 256
+    assert kv < attn.bytes() < kv * 1.02
+    us_a, by_a = run.kernel_bound(attn.kernels(), floors)
+    assert by_a == "hbm" and abs(us_a - attn.bytes() / 4e12 * 1e6) < 1e-9
+    layer = LY.layer_case((128, 8192, 0))
+    us_l, by_l = run.kernel_bound(layer.kernels(), floors)
+    assert by_l == "tensor+hbm" and abs(us_l - (us + us_a)) < 1e-9
+    # the bound is never below one graph node, and never below the bytes floor of the same kernels
+    assert run.kernel_bound(C.qkv_case(1).kernels(), {**floors, "node_us": 50.0}) == (50.0, "hbm")
+    assert us_l >= layer.bytes() / 4e12 * 1e6
