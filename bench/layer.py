@@ -61,7 +61,7 @@ class LayerCase:
 
     def front(self) -> C.QkvCase:
         """The layer's qkv_front: its M tokens at the deployment's Hkv."""
-        return C.QkvCase(self.attn.batch * self.attn.q_len, kv_heads=self.attn.kv_heads, rope=self.attn.window > 0)
+        return C.QkvCase(self.attn.batch * self.attn.q_len, kv_heads=self.attn.kv_heads, rope=self.config.rope)
 
     def kernels(self) -> list[tuple[int, float]]:
         """qkv_front then attn2, each with the bytes it moves (y is written by one and read by the
