@@ -83,10 +83,6 @@ class Attn2Case:
         hq = GROUP * self.kv_heads
         return sum(4.0 * self.q_len * hq * HEAD_DIM * self.needed_keys(L) for L in self.lens)
 
-    def kernels(self) -> list[tuple[int, float]]:
-        """(bytes, FLOPs) of each kernel the op runs, in order (bench/run.py's bound)."""
-        return [(self.bytes(), self.flops())]
-
 
 def case_suffix(window: int, q_len: int, kv_heads: int) -> str:
     return ((f" W={window}" if window else "") + (" decode" if q_len == 1 else "")
@@ -121,9 +117,6 @@ class QkvCase:
     def flops(self) -> float:
         """The projection's 2 M N K (the epilogue's norm and RoPE are a few FLOPs per output)."""
         return 2.0 * self.m * HIDDEN * proj_cols(self.kv_heads)
-
-    def kernels(self) -> list[tuple[int, float]]:
-        return [(self.bytes(), self.flops())]
 
 
 def qkv_case(spec) -> QkvCase:

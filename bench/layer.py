@@ -64,9 +64,10 @@ class LayerCase:
         return C.QkvCase(self.attn.batch * self.attn.q_len, kv_heads=self.attn.kv_heads, rope=self.config.rope)
 
     def kernels(self) -> list[tuple[int, float]]:
-        """qkv_front then attn2, each with the bytes it moves (y is written by one and read by the
-        other) and its FLOPs: the layer as two kernels, one after the other."""
-        return self.front().kernels() + self.attn.kernels()
+        """(bytes, FLOPs) of each kernel, in order (bench/run.py's bound): qkv_front then attn2,
+        each with the bytes it moves (y is written by one and read by the other)."""
+        front = self.front()
+        return [(front.bytes(), front.flops()), (self.attn.bytes(), self.attn.flops())]
 
 
 def layer_case(spec) -> LayerCase:

@@ -107,21 +107,26 @@ def eager_time_us(fn, n_sets: int, calls: int = 50) -> float:
     return a.elapsed_time(b) * 1e3 / calls
 
 
+def _median_seconds(fn, runs: int = 12, skipped: int = 2) -> float:
+    """Seconds of one eager fn() by CUDA events, the median of the runs after the first `skipped`."""
+    ts = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(ts[skipped:])
+
+
 def measure_hbm_tbps(device, nbytes: int = 2 << 30) -> float:
     """Copy bandwidth (bytes read + written) of one large device copy, median of 10."""
     n = nbytes // 2
     src = torch.empty(n, dtype=torch.bfloat16, device=device).uniform_()
     dst = torch.empty_like(src)
-    ts = []
-    for _ in range(12):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    del src, dst
-    return 2 * nbytes / statistics.median(ts[2:]) / 1e12
+    seconds = _median_seconds(lambda: dst.copy_(src))
+    return 2 * nbytes / seconds / 1e12
 
 
 def measure_tensor_tflops(device, n: int = 8192) -> float:
@@ -132,16 +137,8 @@ def measure_tensor_tflops(device, n: int = 8192) -> float:
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     c = torch.empty(n, n, dtype=torch.bfloat16, device=device)
-    ts = []
-    for _ in range(12):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        torch.matmul(a, b, out=c)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e-3)
-    del a, b, c
-    return 2.0 * n ** 3 / statistics.median(ts[2:]) / 1e12
+    seconds = _median_seconds(lambda: torch.matmul(a, b, out=c))
+    return 2.0 * n ** 3 / seconds / 1e12
 
 
 def measure_graph_node_us(device, nodes: int = 200) -> float:

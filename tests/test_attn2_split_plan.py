@@ -48,7 +48,7 @@ def test_node_count_by_length():
     """Nodes by L (4 pages = 64 keys a step): one below 64 steps, two from 64, then a node per 64
     steps up to NODES_MAX; (32, 64) gives the tree of a node per 32 steps (the nineteenth run's
     A/B baseline)."""
-    from muse_ops.cutedsl.attn2_plan import node_count
+    node_count = A.node_count
     steps = {L: L // 64 for L in (1024, 2048, 4096, 6144, 8192, 12288, 16384, 32768, 65536)}
     assert {L: node_count(n) for L, n in steps.items()} == {
         1024: 1, 2048: 1, 4096: 2, 6144: 2, 8192: 2, 12288: 3, 16384: 4, 32768: 8, 65536: 8}

@@ -34,16 +34,17 @@ def test_kernel_bound_names_what_bounds_each_kernel():
     floors = {"hbm_tbps": 4.0, "tensor_tflops": 800.0, "node_us": 1.0}
     front = C.qkv_case(1024)
     assert front.flops() == 2.0 * 1024 * 8192 * 2304
-    us, by = run.kernel_bound(front.kernels(), floors)
+    us, by = run.kernel_bound([(front.bytes(), front.flops())], floors)
     assert by == "tensor" and abs(us - front.flops() / 800e12 * 1e6) < 1e-9
     attn = C.attn2_case((128, 8192, 0))
     kv = 128 * 2 * 8192 * 256
     assert kv < attn.bytes() < kv * 1.02
-    us_a, by_a = run.kernel_bound(attn.kernels(), floors)
+    us_a, by_a = run.kernel_bound([(attn.bytes(), attn.flops())], floors)
     assert by_a == "hbm" and abs(us_a - attn.bytes() / 4e12 * 1e6) < 1e-9
     layer = LY.layer_case((128, 8192, 0))
     us_l, by_l = run.kernel_bound(layer.kernels(), floors)
     assert by_l == "tensor+hbm" and abs(us_l - (us + us_a)) < 1e-9
     # the bound is never below one graph node, and never below the bytes floor of the same kernels
-    assert run.kernel_bound(C.qkv_case(1).kernels(), {**floors, "node_us": 50.0}) == (50.0, "hbm")
+    one = C.qkv_case(1)
+    assert run.kernel_bound([(one.bytes(), one.flops())], {**floors, "node_us": 50.0}) == (50.0, "hbm")
     assert us_l >= layer.bytes() / 4e12 * 1e6

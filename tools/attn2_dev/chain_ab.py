@@ -33,17 +33,17 @@ for spec in CASES:
             layer["ws"] = torch.zeros(max(old_bytes, layer["ws"].numel()), dtype=torch.uint8, device=device)
 
     def stack(kernel):
-        over = OLD_OVER if kernel is not None else None
+        # the copy (and its override) for OP's launches; the other op always from muse_ops
+        copy = {"_kernel": kernel, "_cfg_override": OLD_OVER} if kernel is not None else {}
+        front_kw, attn_kw = (copy, {}) if OP == "qkv_front" else ({}, copy)
 
         def fn(_):
             for layer in layers:
                 launch_qkv_front(layer["x"], layer["w"], layer["pos"], layer["slots"], layer["cos_sin"],
-                                 kv.kv_cache, layer["y"], err, _kernel=kernel if OP == "qkv_front" else None,
-                                 _cfg_override=over if OP == "qkv_front" else None)
+                                 kv.kv_cache, layer["y"], err, **front_kw)
                 c = layer["cfg"]
                 launch_attn2(layer["y"], kv.kv_cache, layer["table"], kv.seq_lens, layer["out"], layer["ws"], err,
-                             q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len,
-                             _kernel=kernel if OP == "attn2" else None, _cfg_override=over if OP == "attn2" else None)
+                             q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, **attn_kw)
         return fn
     variants = {"old": OLD, "new": None}
     outs = {}
