@@ -111,7 +111,9 @@ struct Kernel {
 
 struct Attn2Entry {
   Kernel kernel;
-  int64_t slots = 0;   // workspace partials per (request, KV head): attn2_plan's cfg.slots
+  int64_t slots = 0;          // workspace partials per (request, KV head): attn2_plan's cfg.slots
+  int64_t ctas_per_pair = 0;  // CTAs per (request, KV head) in the grid: cfg.ctas_per_pair
+  int64_t cluster_size = 0;   // cfg.cluster_size
 };
 
 constexpr int kMaxTiles = 16;
@@ -132,8 +134,10 @@ struct State {
   Ffi ffi;
   std::vector<int64_t> tile_limits;   // qkv_front_plan.TILES: the largest M of each token tile
   int64_t wide_max_pairs = 16, wide_max_pairs_window = 32;
+  int64_t occupancy_max_tokens = 16;   // attn2_plan.OCCUPANCY_MAX_TOKENS
   std::array<Kernel, kMaxTiles * 8> qkv{};   // at qkv_index(tile, rope, positions int64, slots int64)
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Attn2Entry> attn2;   // (q_len, window, msl, wide)
+  // (q_len, window, msl, wide, CTAs an SM: the occupancy cap, 0 for none)
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t>, Attn2Entry> attn2;
   std::vector<void*> libraries;
   std::string library_status = "no ahead-of-time library loaded by the shims";
   std::optional<std::string> forced_backend;   // muse_ops.set_backend
@@ -369,6 +373,15 @@ bool wide_layout(int64_t requests, int64_t kv_heads, int64_t window) {   // attn
   return requests * kv_heads <= (window > 0 ? s.wide_max_pairs_window : s.wide_max_pairs);
 }
 
+// attn2_plan.occupancy_cap: the CTAs an SM a launch allows (1 or 2; 0: no cap)
+int64_t occupancy_cap(int64_t tokens, int64_t ctas, int64_t cluster_size, int64_t sm_count) {
+  if (tokens > state().occupancy_max_tokens || sm_count <= 0) return 0;
+  const int64_t one_wave = cluster_size <= 2 ? sm_count : sm_count / 2;
+  for (int64_t cap = 1; cap <= 2; ++cap)
+    if (ctas <= cap * one_wave) return cap;
+  return 0;
+}
+
 // ------------------------------------------------------------------------- the Python fallback
 std::optional<c10::OperatorHandle> python_op(const char* name) {
   return c10::Dispatcher::singleton().findSchema({name, ""});
@@ -477,8 +490,20 @@ const char* plan_attn2(const at::Tensor* y, const at::Tensor& kv_cache, const at
   State& s = state();
   {
     std::shared_lock lock(s.mutex);
-    auto it = s.attn2.find({q_len, window, max_seq_len, wide_layout(p.r, p.kv_heads, window)});
-    if (it != s.attn2.end() && s.ffi.ready()) p.entry = it->second;
+    const bool wide = wide_layout(p.r, p.kv_heads, window);
+    auto it = s.attn2.find({q_len, window, max_seq_len, wide, 0});
+    if (it != s.attn2.end() && s.ffi.ready()) {
+      const Attn2Entry& base = it->second;
+      const int64_t cap = occupancy_cap(q_len * p.r, base.ctas_per_pair * p.r * p.kv_heads, base.cluster_size,
+                                        p.device->sm_count);
+      if (cap == 0) {
+        p.entry = base;
+      } else {
+        auto capped = s.attn2.find({q_len, window, max_seq_len, wide, cap});
+        if (capped == s.attn2.end()) return "no kernel registered for this deployment, layout and occupancy cap";
+        p.entry = capped->second;
+      }
+    }
   }
   if (!p.entry.kernel.call) return "no kernel registered for this deployment and layout";
   if (workspace->numel() < attn2_workspace_bytes(p.r, p.kv_heads, p.entry.slots, q_len))
@@ -651,13 +676,14 @@ void release(Kernel& k) {
 }
 
 void configure(std::vector<int64_t> tile_limits, int64_t wide_max_pairs, int64_t wide_max_pairs_window,
-               std::string libtvm_ffi) {
+               int64_t occupancy_max_tokens, std::string libtvm_ffi) {
   State& s = state();
   std::unique_lock lock(s.mutex);
   TORCH_CHECK(tile_limits.size() <= static_cast<size_t>(kMaxTiles), "muse shims: too many token tiles");
   s.tile_limits = std::move(tile_limits);
   s.wide_max_pairs = wide_max_pairs;
   s.wide_max_pairs_window = wide_max_pairs_window;
+  s.occupancy_max_tokens = occupancy_max_tokens;
   if (!libtvm_ffi.empty()) {
     void* h = dlopen(libtvm_ffi.c_str(), RTLD_NOW | RTLD_LOCAL);
     TORCH_CHECK(h, "muse shims: cannot load ", libtvm_ffi, ": ", dlerror());
@@ -674,18 +700,20 @@ void set_qkv_front(int64_t tile, bool rope, bool pos64, bool slot64, Kernel k) {
   slot = k;
 }
 
-void set_attn2(int64_t q_len, int64_t window, int64_t max_seq_len, bool wide, int64_t slots, Kernel k) {
+void set_attn2(int64_t q_len, int64_t window, int64_t max_seq_len, bool wide, int64_t cap, int64_t slots,
+               int64_t ctas_per_pair, int64_t cluster_size, Kernel k) {
   State& s = state();
   std::unique_lock lock(s.mutex);
-  auto key = std::make_tuple(q_len, window, max_seq_len, wide);
+  auto key = std::make_tuple(q_len, window, max_seq_len, wide, cap);
   auto it = s.attn2.find(key);
   if (it != s.attn2.end()) release(it->second.kernel);
-  s.attn2[key] = Attn2Entry{k, slots};
+  s.attn2[key] = Attn2Entry{k, slots, ctas_per_pair, cluster_size};
 }
 
 // `library`: an ahead-of-time kernel library (muse_ops/cutedsl/aot.py); its table `<stem>.shims`
-// lists, line by line, `tiles L0 L1 ...`, `wide PAIRS PAIRS_WINDOW`,
-// `qkv_front TILE ROPE POS64 SLOT64 SYMBOL` and `attn2 Q_LEN WINDOW MAX_SEQ_LEN WIDE SLOTS SYMBOL`.
+// lists, line by line, `tiles L0 L1 ...`, `wide PAIRS PAIRS_WINDOW`, `occupancy MAX_TOKENS`,
+// `qkv_front TILE ROPE POS64 SLOT64 SYMBOL` and
+// `attn2 Q_LEN WINDOW MAX_SEQ_LEN WIDE CAP SLOTS CTAS_PER_PAIR CLUSTER_SIZE SYMBOL`.
 std::string load_library(std::string library) {
   State& s = state();
   void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -720,6 +748,9 @@ std::string load_library(std::string library) {
     } else if (kind == "wide") {
       std::unique_lock lock(s.mutex);
       words >> s.wide_max_pairs >> s.wide_max_pairs_window;
+    } else if (kind == "occupancy") {
+      std::unique_lock lock(s.mutex);
+      words >> s.occupancy_max_tokens;
     } else if (kind == "qkv_front") {
       int64_t tile, rope, pos64, slot64;
       std::string symbol;
@@ -727,10 +758,10 @@ std::string load_library(std::string library) {
       set_qkv_front(tile, rope, pos64, slot64, kernel_of(symbol));
       ++qkv;
     } else if (kind == "attn2") {
-      int64_t q_len, window, msl, wide, slots;
+      int64_t q_len, window, msl, wide, cap, slots, ctas_per_pair, cluster_size;
       std::string symbol;
-      words >> q_len >> window >> msl >> wide >> slots >> symbol;
-      set_attn2(q_len, window, msl, wide, slots, kernel_of(symbol));
+      words >> q_len >> window >> msl >> wide >> cap >> slots >> ctas_per_pair >> cluster_size >> symbol;
+      set_attn2(q_len, window, msl, wide, cap, slots, ctas_per_pair, cluster_size, kernel_of(symbol));
       ++attn;
     }
   }
@@ -765,6 +796,7 @@ int64_t plan(std::string what, std::vector<int64_t> a) {   // the formulas, for 
   if (what == "workspace_bytes") return attn2_workspace_bytes(a.at(0), a.at(1), a.at(2), a.at(3));
   if (what == "tile") return tile_index(a.at(0));
   if (what == "wide") return wide_layout(a.at(0), a.at(1), a.at(2));
+  if (what == "occupancy_cap") return occupancy_cap(a.at(0), a.at(1), a.at(2), a.at(3));
   TORCH_CHECK_VALUE(false, "muse shims: no plan function ", what);
 }
 
@@ -778,15 +810,18 @@ TORCH_LIBRARY(muse, m) {
         "Tensor(a!) kv_cache, *, str? backend=None) -> Tensor");
   m.def("attn2(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor(a!)? workspace=None, *, "
         "int q_len, int window, float scale, int max_seq_len, str? backend=None) -> Tensor");
-  m.def("_shims_configure(int[] tile_limits, int wide_max_pairs, int wide_max_pairs_window, str libtvm_ffi) -> ()",
+  m.def("_shims_configure(int[] tile_limits, int wide_max_pairs, int wide_max_pairs_window, int occupancy_max_tokens, "
+        "str libtvm_ffi) -> ()",
         &configure);
   m.def("_shims_add_qkv_front(int tile, bool rope, bool pos64, bool slot64, int function) -> ()",
         [](int64_t tile, bool rope, bool pos64, bool slot64, int64_t function) {
           set_qkv_front(tile, rope, pos64, slot64, function_kernel(function));
         });
-  m.def("_shims_add_attn2(int q_len, int window, int max_seq_len, bool wide, int slots, int function) -> ()",
-        [](int64_t q_len, int64_t window, int64_t msl, bool wide, int64_t slots, int64_t function) {
-          set_attn2(q_len, window, msl, wide, slots, function_kernel(function));
+  m.def("_shims_add_attn2(int q_len, int window, int max_seq_len, bool wide, int cap, int slots, int ctas_per_pair, "
+        "int cluster_size, int function) -> ()",
+        [](int64_t q_len, int64_t window, int64_t msl, bool wide, int64_t cap, int64_t slots, int64_t ctas_per_pair,
+           int64_t cluster_size, int64_t function) {
+          set_attn2(q_len, window, msl, wide, cap, slots, ctas_per_pair, cluster_size, function_kernel(function));
         });
   m.def("_shims_load_library(str library) -> str", &load_library);
   m.def("_shims_set_backend(str? name) -> ()", [](std::optional<std::string> name) {

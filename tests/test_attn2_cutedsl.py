@@ -64,16 +64,16 @@ def make_case(lens, hkv, q_len, *, seed=0, extra_pages=64, window=0, device="cud
 
 
 def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE,
-               layout=None):
-    """One launch into a NaN-poisoned out; layout ("wide" or "deep") forces the layout (None: the
-    host's pick)."""
+               layout=None, ctas_per_sm=None):
+    """One launch into a NaN-poisoned out; layout ("wide" or "deep") and ctas_per_sm (0, 1, 2)
+    force the layout and the occupancy cap (None: the host's pick)."""
     R, hkv = seq.shape[0], cache.shape[1]
     out = torch.full((q_len * R, GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=y.device)
     if ws is None:
         ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, max_seq_len), dtype=torch.uint8, device=y.device)
     if err is None:
         err = torch.zeros(1, dtype=torch.int32, device=y.device)
-    over = None if layout is None else {"layout": layout}
+    over = {k: v for k, v in (("layout", layout), ("ctas_per_sm", ctas_per_sm)) if v is not None} or None
     copy = None if A.__name__ == "muse_ops.cutedsl.attn2" else A   # a dev tool's copy of the kernel
     launch.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale,
                    max_seq_len=max_seq_len, _cfg_override=over, _kernel=copy)
@@ -175,6 +175,25 @@ def test_layouts_bit_identical_over_many_rows(window):
         outs.append(out.view(torch.int16))
     differ = int((outs[0] != outs[1]).sum())
     assert differ == 0, f"{differ} of {outs[0].numel()} outputs differ between the layouts"
+
+
+@pytest.mark.parametrize("q_len,window,lens", [(8, 0, [8192]), (8, 0, [5000, 9000]), (8, 2048, [3000, 77]),
+                                                (1, 0, [700, 12000, 1, 4000] * 4), (1, 2048, [2049, 9000])])
+def test_occupancy_caps_bit_identical(q_len, window, lens):
+    """The occupancy caps (shared memory reserved so 1 or 2 CTAs share an SM) change where CTAs
+    run, never what they compute: every cap gives the same bits, within the contract's tolerance
+    of the float64 evaluation, with the counters back at zero."""
+    A = _kernel()
+    msl, hkv = 1 << 14, 2
+    y, cache, pt, seq = make_case(lens, hkv, q_len, seed=23 + window, window=window)
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+    outs = []
+    for cap in (0, 1, 2):
+        out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, ctas_per_sm=cap)
+        assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+        assert check_close(out, ref)[0] == 0, cap
+        outs.append(out.view(torch.int16))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 def test_workspace_shared_across_batch_sizes():

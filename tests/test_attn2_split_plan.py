@@ -54,3 +54,29 @@ def test_node_count_by_length():
         1024: 1, 2048: 1, 4096: 2, 6144: 2, 8192: 2, 12288: 3, 16384: 4, 32768: 8, 65536: 8}
     assert all(node_count(n, 32, 64) == max(1, min(A.NODES_MAX, n // 32)) for n in range(1, 4097))
     assert all(node_count(a) <= node_count(b) for a, b in zip(range(1, 4096), range(2, 4097)))   # monotonic
+
+
+def test_occupancy_cap_spreads_small_grids_behind_an_early_trigger():
+    """A launch behind a qkv_front that triggers early (<= OCCUPANCY_MAX_TOKENS tokens) takes the
+    smallest cap of CTAs an SM under which its grid fits one wave; the cap's shared memory
+    reservation admits exactly that many CTAs an SM, in every deployment's variants."""
+    cap, sms = A.occupancy_cap, 132
+    assert cap(8, 64, 8, sms) == 1 and cap(8, 66, 8, sms) == 1 and cap(8, 67, 8, sms) == 2
+    assert cap(16, 128, 8, sms) == 2 and cap(8, 133, 8, sms) == 0
+    assert cap(16, 128, 2, sms) == 1 and cap(16, 264, 2, sms) == 2 and cap(16, 265, 2, sms) == 0
+    assert cap(17, 16, 4, sms) == 0 and cap(8, 16, 4, 0) == 0      # no early trigger / no GPU known
+    # the bench's small launches at Hkv 2 (requests, q_len, window, max_seq_len) -> cap
+    launches = {(1, 8, 0, 8192): 1, (2, 8, 0, 8192): 2, (1, 8, 0, 16384): 2, (1, 8, 2048, 8192): 1,
+                (2, 8, 2048, 8192): 1, (16, 1, 0, 8192): 1, (4, 1, 0, 8192): 0, (8, 8, 0, 8192): 0}
+    for (r, q_len, window, msl), want in launches.items():
+        assert A.launch_config(r, 2, q_len, window, msl, sm_count=sms).ctas_per_sm == want, (r, q_len, window)
+        assert A.launch_config(r, 2, q_len, window, msl).ctas_per_sm == 0
+    reserve = 1024   # per resident CTA
+    for q_len in A.SUPPORTED_Q_LENS:
+        for window in (0, 2048):
+            for msl in (512, 8192, 1 << 17, A.MAX_SEQ_LEN):
+                for cfg in A.deployment_variants(2, q_len, window, msl):
+                    total = cfg.smem_bytes + cfg.smem_pad + reserve
+                    assert total <= 227 * 1024 + reserve
+                    if cfg.ctas_per_sm:
+                        assert (cfg.ctas_per_sm + 1) * total > A.SMEM_PER_SM >= cfg.ctas_per_sm * total, cfg

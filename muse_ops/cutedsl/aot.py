@@ -33,7 +33,7 @@ from pathlib import Path
 LIBRARY_ENV = "MUSE_OPS_AOT_LIBRARY"
 LIBRARY_NAME = "libmuse_kernels_sm90a.so"
 RUNTIME_NAME = "libcute_dsl_runtime.so"
-FORMAT = 1
+FORMAT = 2
 # the max_seq_lens of the attn2 deployments a library holds by default (deployment_keys)
 DEPLOYMENT_MAX_SEQ_LENS = (512, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
@@ -52,9 +52,10 @@ def shims_table(entries: dict, max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS) -> str:
     held, as the C++ side looks them up (a token tile per M range; an attn2 variant per
     deployment and layout)."""
     from . import attn2_plan, qkv_front_plan
-    lines = ["# muse_ops shims table 1: the plan's variants of " + LIBRARY_NAME,
+    lines = ["# muse_ops shims table 2: the plan's variants of " + LIBRARY_NAME,
              "tiles " + " ".join(str(limit) for limit, *_ in qkv_front_plan.TILES),
-             f"wide {attn2_plan.WIDE_MAX_PAIRS} {attn2_plan.WIDE_MAX_PAIRS_WINDOW}"]
+             f"wide {attn2_plan.WIDE_MAX_PAIRS} {attn2_plan.WIDE_MAX_PAIRS_WINDOW}",
+             f"occupancy {attn2_plan.OCCUPANCY_MAX_TOKENS}"]
     tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(qkv_front_plan.TILES)}
     for key, name in entries.items():
         if key.startswith("('qkv_front'"):
@@ -66,11 +67,11 @@ def shims_table(entries: dict, max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS) -> str:
     for q_len in (1, 8):
         for window in (0, 2048):
             for msl in max_seq_lens:
-                for layout in attn2_plan.deployment_layouts(window):
-                    cfg = attn2_plan._config(q_len, window, msl, layout)
+                for cfg in attn2_plan.deployment_variants(2, q_len, window, msl):
                     name = entries.get(repr(("attn2", cfg.compile_key, "")))
                     if name is not None:
-                        lines.append(f"attn2 {q_len} {window} {msl} {int(cfg.wide)} {cfg.slots} {name}")
+                        lines.append(f"attn2 {q_len} {window} {msl} {int(cfg.wide)} {cfg.ctas_per_sm} {cfg.slots} "
+                                     f"{cfg.ctas_per_pair} {cfg.cluster_size} {name}")
     return "\n".join(lines) + "\n"
 
 

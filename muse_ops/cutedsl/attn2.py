@@ -47,6 +47,13 @@ request whatever the batch; docs/DESIGN.md section 11):
   triggers its dependent launch after the main loop, so the next kernel's launch overlaps our
   merges when it is launched with PDL too; other grids do not trigger (the next grid's early
   CTAs took SM slots from ours, measured) and the next kernel launches as our CTAs exit.
+- Occupancy caps (attn2_plan.occupancy_cap): behind a qkv_front of <= 16 tokens, which triggers
+  after its main loop while its CTAs still hold 108 of the 132 SMs (Hkv 2), the block scheduler
+  would put a small grid's early CTAs five to an SM on the 24 SMs left free. A variant with
+  ctas_per_sm = 1 or 2 reserves shared memory it never touches (cfg.smem_pad) so that no more
+  CTAs share an SM: the first CTAs run their prologue there, the rest land on the SMs qkv_front
+  frees. The host picks the smallest cap under which the whole grid fits one wave. The bits do
+  not change (where a CTA runs is not an input of what it computes).
 - Start of a CTA: seq_len, then the page-table entries of its chunks, then the first KV load are
   three dependent latencies; the first two run before the PDL wait, under the predecessor's
   tail. A wide CTA issues three guesses of its page-table entries (32 from step s, 2 s and 3 s:
@@ -413,6 +420,8 @@ class Attn2Sm90:
         sPT = smem.allocate_tensor(Int32, cute.make_layout(self.page_table_max), byte_alignment=16)
         sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
         sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
+        if const_expr(self.cfg.smem_pad > 0):   # never touched: it caps the CTAs an SM holds (occupancy_cap)
+            smem.allocate_array(Uint32, self.cfg.smem_pad // 4, byte_alignment=16)
 
         self.init_barriers(tma_atom, full, warp)
         # ---- PDL: this grid may start while its predecessor in the stream still runs. Before

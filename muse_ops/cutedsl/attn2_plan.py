@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..config import GROUP, HEAD_DIM, PAGE_SIZE, SUPPORTED_Q_LENS
 from . import runtime
+from .qkv_front_plan import TRIGGER_MAX_TILE
 
 THREADS = 128     # one warpgroup
 M_TILE = 64       # wgmma M: the q_len * 8 query rows of a KV head, zero-padded
@@ -42,6 +43,41 @@ WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head)
                        # (B=12 at Hkv 2: wide 27.8 us against deep 35.3 at L=8192, 19.3 against
                        # 21.4 at L=4096, but 46.6 against 42.8 at L=16384)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
+
+# Occupancy caps (occupancy_cap). qkv_front triggers its dependent launch after its main loop at
+# up to TRIGGER_MAX_TILE tokens, so attn2's grid launches while qkv_front's CTAs (one per SM, 108 of
+# 132 at Hkv 2) still hold their SMs: the block scheduler places as many attn2 CTAs as fit on the
+# SMs left free, 5 to an SM, and a small grid then runs on those few SMs. Reserving shared memory
+# so that at most 1 or 2 CTAs fit an SM spreads it: the first CTAs still run their prologue under
+# qkv_front's tail, the rest land on the SMs qkv_front frees. A launch takes a cap when its whole
+# grid fits one wave under it (a cap that does not fit costs a second wave: B=2 L=8192 with a cap
+# of 1, 128 CTAs in clusters of 8, ran attn2 alone in 15.2 us against 9.5). Measured on the H200
+# (bench/RESULTS.md, twenty-first run; a layer of qkv_front -> attn2, graph replay, Hkv 2, us,
+# no cap / cap 1 / cap 2): B=1 L=8192 23.0 / 20.4 / 20.7, B=2 L=8192 23.5 / 27.3 / 21.8,
+# B=1 L=16384 23.7 / 27.0 / 21.4, B=1 W=2048 21.4 / 20.2 / 20.9, B=2 W=2048 27.4 / 20.9 / 22.1,
+# decode B=1 21.3 / 19.5 / 20.3, decode B=16 55.1 / 46.6 / 51.5.
+OCCUPANCY_MAX_TOKENS = TRIGGER_MAX_TILE   # launches of more tokens follow a qkv_front that does not trigger early
+SMEM_PER_SM = 228 * 1024                  # an H100 / H200 SM; each resident CTA also takes 1 KB
+OCCUPANCY_SMEM_BYTES = {1: 124 * 1024,    # > (228 - 2) / 2 KB: one CTA an SM
+                        2: 92 * 1024}     # > (228 - 3) / 3 KB and <= (228 - 2) / 2: two
+
+
+def occupancy_cap(tokens: int, ctas: int, cluster_size: int, sm_count: int) -> int:
+    """CTAs an SM a launch of `ctas` CTAs (clusters of cluster_size) over `tokens` query tokens
+    allows (1 or 2; 0: no cap, as many as registers and shared memory fit): the smallest cap
+    under which the grid fits one wave, where the qkv_front before it triggers early. A GPC's
+    SMs hold whole clusters only, so clusters of 4 and 8 count on half the SMs at a cap of 1."""
+    if tokens > OCCUPANCY_MAX_TOKENS or sm_count <= 0:
+        return 0
+    one_wave = sm_count if cluster_size <= 2 else sm_count // 2
+    for cap in (1, 2):
+        if ctas <= cap * one_wave:
+            return cap
+    return 0
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
 
 
 def sub_chunks(window: int) -> int:
@@ -93,6 +129,7 @@ class Attn2Config:
     node_min_steps: int = NODE_MIN_STEPS   # ring steps per node from the third on (node_count)
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
     two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
+    ctas_per_sm: int = 0   # 1 or 2: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -123,6 +160,10 @@ class Attn2Config:
         return 2 * self.nodes_max if self.wide else self.nodes_max
 
     @property
+    def ctas_per_pair(self):   # CTAs per (request, KV head) in the grid
+        return self.cluster_size * self.max_clusters
+
+    @property
     def slots(self):   # workspace partials per (request, KV head): subs (wide) or nodes
         return 2 * self.nodes_max
 
@@ -134,6 +175,18 @@ class Attn2Config:
     def rows_per_rank(self):   # query rows each CTA of a cluster merges and writes
         return max(1, self.query_rows // self.cluster_size)
 
+    @property
+    def smem_bytes(self):      # what the kernel allocates (attn2.py, kernel), alignment included
+        ring = self.stages * self.keys_per_step * HEAD_DIM * 2
+        return (1024 + 2 * ring + M_TILE * HEAD_DIM * 2 + _round_up(4 * self.page_table_max, 16) + 16
+                + 8 * self.query_rows)
+
+    @property
+    def smem_pad(self):        # bytes reserved past smem_bytes so at most ctas_per_sm CTAs fit an SM
+        if not self.ctas_per_sm:
+            return 0
+        return _round_up(max(0, OCCUPANCY_SMEM_BYTES[self.ctas_per_sm] - self.smem_bytes), 16)
+
     @functools.cached_property
     def compile_key(self):     # max_seq_len is a run-time argument of the kernel
         return dataclasses.replace(self, max_seq_len=0)
@@ -143,7 +196,7 @@ class Attn2Config:
                stages: int | None = None, min_blocks: int | None = None,
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
-               two_node_steps: int = TWO_NODE_STEPS) -> "Attn2Config":
+               two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). Measured on the H200
         # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
@@ -175,9 +228,10 @@ class Attn2Config:
             # before the PDL wait took it to 104, 4 CTAs per SM, and B=4 L=8192 from 13.0 to 15.7 us)
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
-                          min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps)
+                          min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm)
         # the merge buffer (query rows x 64 fp32) reuses the K and V rings
         assert 2 * cfg.stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
+        assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         return cfg
 
 
@@ -208,16 +262,19 @@ def deployment_layouts(window: int) -> tuple[str, ...]:
     return ("deep", "wide")
 
 
+OCCUPANCY_CAPS = (0, 1, 2)   # every cap a launch may take (occupancy_cap)
+
+
 def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", **over) -> "Attn2Config":
-    if over:
-        return Attn2Config.create(q_len, window, max_seq_len, layout, **over)
-    return _default_config(q_len, window, max_seq_len, layout)
+    if set(over) <= {"ctas_per_sm"}:
+        return _default_config(q_len, window, max_seq_len, layout, over.get("ctas_per_sm", 0))
+    return Attn2Config.create(q_len, window, max_seq_len, layout, **over)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_config(q_len: int, window: int, max_seq_len: int, layout: str) -> "Attn2Config":
+def _default_config(q_len: int, window: int, max_seq_len: int, layout: str, ctas_per_sm: int = 0) -> "Attn2Config":
     """A deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
-    return Attn2Config.create(q_len, window, max_seq_len, layout)
+    return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm)
 
 
 def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> tuple[bool, str]:
@@ -244,17 +301,23 @@ def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, m
 
 
 def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int,
-                  override: dict | None = None) -> "Attn2Config":
-    """The variant a launch of this shape runs; override (dev tools) forces a layout or a tuning knob."""
+                  override: dict | None = None, sm_count: int = 0) -> "Attn2Config":
+    """The variant a launch of this shape runs on a GPU of sm_count SMs (0: no occupancy cap);
+    override (dev tools) forces a layout, a cap or a tuning knob."""
     over = dict(override or {})
     layout = over.pop("layout", choose_layout(num_requests, kv_heads, window))
-    return _config(q_len, window, max_seq_len, layout, **over)
+    cfg = _config(q_len, window, max_seq_len, layout, **over)
+    if "ctas_per_sm" in over:
+        return cfg
+    cap = occupancy_cap(q_len * num_requests, cfg.ctas_per_pair * num_requests * kv_heads, cfg.cluster_size, sm_count)
+    return _config(q_len, window, max_seq_len, layout, **over, ctas_per_sm=cap) if cap else cfg
 
 
 def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> list["Attn2Config"]:
-    """Every variant a deployment may launch, whatever its batch (what prepare compiles);
-    kv_heads is a run-time dimension of the kernel."""
-    return [_config(q_len, window, max_seq_len, layout) for layout in deployment_layouts(window)]
+    """Every variant a deployment may launch, whatever its batch (what prepare compiles): each
+    layout under each occupancy cap; kv_heads is a run-time dimension of the kernel."""
+    return [_config(q_len, window, max_seq_len, layout, ctas_per_sm=cap)
+            for layout in deployment_layouts(window) for cap in OCCUPANCY_CAPS]
 
 
 def ci_variants(max_seq_lens=(2048, 32768, 262144)) -> list["Attn2Config"]:

@@ -109,7 +109,8 @@ def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, 
     r = seq_lens.shape[0]
     if r == 0:
         return
-    cfg = attn2_launch_config(r, kv_cache.shape[1], q_len, window, max_seq_len, _cfg_override)
+    cfg = attn2_launch_config(r, kv_cache.shape[1], q_len, window, max_seq_len, _cfg_override,
+                              runtime.sm_count(y.device))
     need = workspace_layout(cfg, r, kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {r} requests, got {workspace.numel()}")

@@ -93,7 +93,7 @@ def _configure(libtvm_ffi: str) -> None:
     """Hand the C++ side the plan's tables (and, once a variant is offered, TVM-FFI's library)."""
     from . import attn2_plan, qkv_front_plan
     torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
-                                    attn2_plan.WIDE_MAX_PAIRS_WINDOW, libtvm_ffi)
+                                    attn2_plan.WIDE_MAX_PAIRS_WINDOW, attn2_plan.OCCUPANCY_MAX_TOKENS, libtvm_ffi)
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,14 +127,15 @@ def offer_qkv_front(cfg, fn) -> None:
 
 def offer_attn2(cfg, max_seq_len: int, fn) -> None:
     """Let the C++ path launch this attn2 variant for the deployment (q_len, window, max_seq_len)."""
-    key = ("attn2", cfg.q_len, cfg.window, int(max_seq_len), cfg.layout)
+    key = ("attn2", cfg.q_len, cfg.window, int(max_seq_len), cfg.layout, cfg.ctas_per_sm)
     if not loaded() or key in _offered:
         return
     handle = _handle(fn)
     if handle is None:
         return
     _ffi_configured()
-    torch.ops.muse._shims_add_attn2(cfg.q_len, cfg.window, int(max_seq_len), cfg.wide, cfg.slots, handle)
+    torch.ops.muse._shims_add_attn2(cfg.q_len, cfg.window, int(max_seq_len), cfg.wide, cfg.ctas_per_sm, cfg.slots,
+                                    cfg.ctas_per_pair, cfg.cluster_size, handle)
     _offered[key] = fn
 
 
