@@ -493,8 +493,8 @@ const char* plan_attn2(const at::Tensor* y, const at::Tensor& kv_cache, const at
     const bool wide = wide_layout(p.r, p.kv_heads, window);
     // the grid's shape is the same under every cap: read it from whichever cap is registered
     auto any = s.attn2.lower_bound({q_len, window, max_seq_len, wide, 0});
-    if (any != s.attn2.end() && std::get<0>(any->first) == q_len && std::get<1>(any->first) == window &&
-        std::get<2>(any->first) == max_seq_len && std::get<3>(any->first) == wide && s.ffi.ready()) {
+    if (any != s.attn2.end() && any->first == std::make_tuple(q_len, window, max_seq_len, wide, std::get<4>(any->first)) &&
+        s.ffi.ready()) {
       const int64_t cap = occupancy_cap(q_len * p.r, any->second.ctas_per_pair * p.r * p.kv_heads,
                                         any->second.cluster_size, p.device->sm_count);
       auto it = s.attn2.find({q_len, window, max_seq_len, wide, cap});
