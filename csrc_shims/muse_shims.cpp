@@ -134,7 +134,7 @@ struct State {
   Ffi ffi;
   std::vector<int64_t> tile_limits;   // qkv_front_plan.TILES: the largest M of each token tile
   int64_t wide_max_pairs = 16, wide_max_pairs_window = 32;
-  int64_t occupancy_max_tokens = 16;   // attn2_plan.OCCUPANCY_MAX_TOKENS
+  int64_t occupancy_max_cap_wide = 4, occupancy_max_cap_deep = 3;   // attn2_plan.OCCUPANCY_MAX_CAP
   std::array<Kernel, kMaxTiles * 8> qkv{};   // at qkv_index(tile, rope, positions int64, slots int64)
   // (q_len, window, msl, wide, CTAs an SM: the occupancy cap, 0 for none)
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t>, Attn2Entry> attn2;
@@ -373,11 +373,11 @@ bool wide_layout(int64_t requests, int64_t kv_heads, int64_t window) {   // attn
   return requests * kv_heads <= (window > 0 ? s.wide_max_pairs_window : s.wide_max_pairs);
 }
 
-// attn2_plan.occupancy_cap: the CTAs an SM a launch allows (1 or 2; 0: no cap)
-int64_t occupancy_cap(int64_t tokens, int64_t ctas, int64_t cluster_size, int64_t sm_count) {
-  if (tokens > state().occupancy_max_tokens || sm_count <= 0) return 0;
-  const int64_t one_wave = cluster_size <= 2 ? sm_count : sm_count / 2;
-  for (int64_t cap = 1; cap <= 2; ++cap)
+// attn2_plan.occupancy_cap: the CTAs an SM a launch allows (1 to max_cap; 0: no cap)
+int64_t occupancy_cap(int64_t ctas, int64_t cluster_size, int64_t sm_count, int64_t max_cap) {
+  if (sm_count <= 0) return 0;
+  const int64_t one_wave = cluster_size <= 2 ? sm_count : sm_count * 7 / 8;   // a GPC holds whole clusters
+  for (int64_t cap = 1; cap <= max_cap; ++cap)
     if (ctas <= cap * one_wave) return cap;
   return 0;
 }
@@ -495,8 +495,8 @@ const char* plan_attn2(const at::Tensor* y, const at::Tensor& kv_cache, const at
     auto any = s.attn2.lower_bound({q_len, window, max_seq_len, wide, 0});
     if (any != s.attn2.end() && any->first == std::make_tuple(q_len, window, max_seq_len, wide, std::get<4>(any->first)) &&
         s.ffi.ready()) {
-      const int64_t cap = occupancy_cap(q_len * p.r, any->second.ctas_per_pair * p.r * p.kv_heads,
-                                        any->second.cluster_size, p.device->sm_count);
+      const int64_t cap = occupancy_cap(any->second.ctas_per_pair * p.r * p.kv_heads, any->second.cluster_size,
+                                        p.device->sm_count, wide ? s.occupancy_max_cap_wide : s.occupancy_max_cap_deep);
       auto it = s.attn2.find({q_len, window, max_seq_len, wide, cap});
       if (it == s.attn2.end()) return "no kernel registered for this deployment, layout and occupancy cap";
       p.entry = it->second;
@@ -673,14 +673,15 @@ void release(Kernel& k) {
 }
 
 void configure(std::vector<int64_t> tile_limits, int64_t wide_max_pairs, int64_t wide_max_pairs_window,
-               int64_t occupancy_max_tokens, std::string libtvm_ffi) {
+               int64_t occupancy_max_cap_wide, int64_t occupancy_max_cap_deep, std::string libtvm_ffi) {
   State& s = state();
   std::unique_lock lock(s.mutex);
   TORCH_CHECK(tile_limits.size() <= static_cast<size_t>(kMaxTiles), "muse shims: too many token tiles");
   s.tile_limits = std::move(tile_limits);
   s.wide_max_pairs = wide_max_pairs;
   s.wide_max_pairs_window = wide_max_pairs_window;
-  s.occupancy_max_tokens = occupancy_max_tokens;
+  s.occupancy_max_cap_wide = occupancy_max_cap_wide;
+  s.occupancy_max_cap_deep = occupancy_max_cap_deep;
   if (!libtvm_ffi.empty()) {
     void* h = dlopen(libtvm_ffi.c_str(), RTLD_NOW | RTLD_LOCAL);
     TORCH_CHECK(h, "muse shims: cannot load ", libtvm_ffi, ": ", dlerror());
@@ -708,7 +709,7 @@ void set_attn2(int64_t q_len, int64_t window, int64_t max_seq_len, bool wide, in
 }
 
 // `library`: an ahead-of-time kernel library (muse_ops/cutedsl/aot.py); its table `<stem>.shims`
-// lists, line by line, `tiles L0 L1 ...`, `wide PAIRS PAIRS_WINDOW`, `occupancy MAX_TOKENS`,
+// lists, line by line, `tiles L0 L1 ...`, `wide PAIRS PAIRS_WINDOW`, `occupancy MAX_CAP_WIDE MAX_CAP_DEEP`,
 // `qkv_front TILE ROPE POS64 SLOT64 SYMBOL` and
 // `attn2 Q_LEN WINDOW MAX_SEQ_LEN WIDE CAP SLOTS CTAS_PER_PAIR CLUSTER_SIZE SYMBOL`.
 std::string load_library(std::string library) {
@@ -747,7 +748,7 @@ std::string load_library(std::string library) {
       words >> s.wide_max_pairs >> s.wide_max_pairs_window;
     } else if (kind == "occupancy") {
       std::unique_lock lock(s.mutex);
-      words >> s.occupancy_max_tokens;
+      words >> s.occupancy_max_cap_wide >> s.occupancy_max_cap_deep;
     } else if (kind == "qkv_front") {
       int64_t tile, rope, pos64, slot64;
       std::string symbol;
@@ -793,7 +794,7 @@ int64_t plan(std::string what, std::vector<int64_t> a) {   // the formulas, for 
   if (what == "workspace_bytes") return attn2_workspace_bytes(a.at(0), a.at(1), a.at(2), a.at(3));
   if (what == "tile") return tile_index(a.at(0));
   if (what == "wide") return wide_layout(a.at(0), a.at(1), a.at(2));
-  if (what == "occupancy_cap") return occupancy_cap(a.at(0), a.at(1), a.at(2), a.at(3));
+  if (what == "occupancy_cap") return occupancy_cap(a.at(0), a.at(1), a.at(2), a.at(3));   // ctas, cluster, SMs, max cap
   TORCH_CHECK_VALUE(false, "muse shims: no plan function ", what);
 }
 
@@ -807,8 +808,8 @@ TORCH_LIBRARY(muse, m) {
         "Tensor(a!) kv_cache, *, str? backend=None) -> Tensor");
   m.def("attn2(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor(a!)? workspace=None, *, "
         "int q_len, int window, float scale, int max_seq_len, str? backend=None) -> Tensor");
-  m.def("_shims_configure(int[] tile_limits, int wide_max_pairs, int wide_max_pairs_window, int occupancy_max_tokens, "
-        "str libtvm_ffi) -> ()",
+  m.def("_shims_configure(int[] tile_limits, int wide_max_pairs, int wide_max_pairs_window, int occupancy_max_cap_wide, "
+        "int occupancy_max_cap_deep, str libtvm_ffi) -> ()",
         &configure);
   m.def("_shims_add_qkv_front(int tile, bool rope, bool pos64, bool slot64, int function) -> ()",
         [](int64_t tile, bool rope, bool pos64, bool slot64, int64_t function) {

@@ -56,18 +56,24 @@ def test_node_count_by_length():
     assert all(node_count(a) <= node_count(b) for a, b in zip(range(1, 4096), range(2, 4097)))   # monotonic
 
 
-def test_occupancy_cap_spreads_small_grids_behind_an_early_trigger():
-    """A launch behind a qkv_front that triggers early (<= OCCUPANCY_MAX_TOKENS tokens) takes the
-    smallest cap of CTAs an SM under which its grid fits one wave; the cap's shared memory
-    reservation admits exactly that many CTAs an SM, in every deployment's variants."""
+def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
+    """Every launch follows a qkv_front that triggers early, so it takes the smallest cap of CTAs
+    an SM (below what its registers allow) under which its grid fits one wave; the cap's shared
+    memory reservation admits exactly that many CTAs an SM, in every deployment's variants."""
     cap, sms = A.occupancy_cap, 132
-    assert cap(8, 64, 8, sms) == 1 and cap(8, 66, 8, sms) == 1 and cap(8, 67, 8, sms) == 2
-    assert cap(16, 128, 8, sms) == 2 and cap(8, 133, 8, sms) == 0
-    assert cap(16, 128, 2, sms) == 1 and cap(16, 264, 2, sms) == 2 and cap(16, 265, 2, sms) == 0
-    assert cap(17, 16, 4, sms) == 0 and cap(8, 16, 4, 0) == 0      # no early trigger / no GPU known
-    # the bench's small launches at Hkv 2 (requests, q_len, window, max_seq_len) -> cap
+    # clusters of 4 and 8: 7/8 of the SMs (115 of 132)
+    assert cap(64, 8, sms, 4) == 1 and cap(115, 4, sms, 4) == 1 and cap(116, 8, sms, 4) == 2
+    assert cap(230, 8, sms, 4) == 2 and cap(231, 8, sms, 4) == 3 and cap(345, 8, sms, 4) == 3
+    assert cap(384, 8, sms, 4) == 4 and cap(460, 8, sms, 4) == 4 and cap(461, 8, sms, 4) == 0
+    assert cap(384, 8, sms, 3) == 0                                    # past the layout's largest cap
+    # clusters of 2: every SM
+    assert cap(128, 2, sms, 3) == 1 and cap(264, 2, sms, 3) == 2 and cap(396, 2, sms, 3) == 3
+    assert cap(397, 2, sms, 3) == 0 and cap(16, 4, 0, 4) == 0          # no GPU known
+    # the bench's launches at Hkv 2 (requests, q_len, window, max_seq_len) -> cap
     launches = {(1, 8, 0, 8192): 1, (2, 8, 0, 8192): 2, (1, 8, 0, 16384): 2, (1, 8, 2048, 8192): 1,
-                (2, 8, 2048, 8192): 1, (16, 1, 0, 8192): 1, (4, 1, 0, 8192): 0, (8, 8, 0, 8192): 0}
+                (2, 8, 2048, 8192): 1, (16, 1, 0, 8192): 1, (4, 1, 0, 8192): 3, (8, 8, 0, 8192): 0, (6, 8, 0, 8192): 4,
+                (16, 8, 0, 8192): 1, (32, 8, 0, 8192): 2, (48, 8, 0, 8192): 3, (64, 8, 0, 8192): 0,
+                (8, 8, 2048, 8192): 2, (64, 8, 2048, 8192): 2, (128, 8, 0, 8192): 0}
     for (r, q_len, window, msl), want in launches.items():
         assert A.launch_config(r, 2, q_len, window, msl, sm_count=sms).ctas_per_sm == want, (r, q_len, window)
         assert A.launch_config(r, 2, q_len, window, msl).ctas_per_sm == 0

@@ -43,12 +43,12 @@ def test_shims_plan_formulas_match_the_plan_modules():
                             attn2_plan.workspace_bytes(requests, kv_heads, q_len, window, msl)
                         wide = attn2_plan.choose_layout(requests, kv_heads, window) == "wide"
                         assert plan("wide", [requests, kv_heads, window]) == wide
-    for tokens in (1, 8, 16, 17, 64):
-        for ctas in (1, 16, 64, 65, 66, 67, 128, 132, 133, 256, 264, 265, 1000):
+    for max_cap in (attn2_plan.OCCUPANCY_MAX_CAP["wide"], attn2_plan.OCCUPANCY_MAX_CAP["deep"]):
+        for ctas in (1, 16, 64, 66, 67, 115, 116, 128, 132, 133, 230, 231, 256, 264, 265, 345, 346, 396, 397, 460, 461, 528, 1000):
             for cluster in (2, 4, 8):
                 for sms in (0, 78, 114, 132):
-                    assert plan("occupancy_cap", [tokens, ctas, cluster, sms]) == \
-                        attn2_plan.occupancy_cap(tokens, ctas, cluster, sms), (tokens, ctas, cluster, sms)
+                    assert plan("occupancy_cap", [ctas, cluster, sms, max_cap]) == \
+                        attn2_plan.occupancy_cap(ctas, cluster, sms, max_cap), (ctas, cluster, sms, max_cap)
 
 
 @needs_shims
@@ -79,7 +79,7 @@ def test_aot_build_writes_the_shims_table():
     capped = attn2_plan._config(8, 0, 8192, "wide", ctas_per_sm=1)
     fake[repr(("attn2", capped.compile_key, ""))] = "muse_a1"
     table = aot.shims_table(fake).splitlines()
-    assert f"occupancy {attn2_plan.OCCUPANCY_MAX_TOKENS}" in table
+    assert f"occupancy {attn2_plan.OCCUPANCY_MAX_CAP['wide']} {attn2_plan.OCCUPANCY_MAX_CAP['deep']}" in table
     assert f"attn2 8 0 8192 1 0 {a.slots} {a.ctas_per_pair} {a.cluster_size} muse_a" in table
     assert f"attn2 8 0 8192 1 1 {a.slots} {a.ctas_per_pair} {a.cluster_size} muse_a1" in table
     # every qkv_front line names the tile its config has

@@ -52,10 +52,10 @@ def shims_table(entries: dict, max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS) -> str:
     held, as the C++ side looks them up (a token tile per M range; an attn2 variant per
     deployment and layout)."""
     from . import attn2_plan, qkv_front_plan
-    lines = ["# muse_ops shims table 2: the plan's variants of " + LIBRARY_NAME,
+    lines = ["# muse_ops shims table 3: the plan's variants of " + LIBRARY_NAME,
              "tiles " + " ".join(str(limit) for limit, *_ in qkv_front_plan.TILES),
              f"wide {attn2_plan.WIDE_MAX_PAIRS} {attn2_plan.WIDE_MAX_PAIRS_WINDOW}",
-             f"occupancy {attn2_plan.OCCUPANCY_MAX_TOKENS}"]
+             f"occupancy {attn2_plan.OCCUPANCY_MAX_CAP['wide']} {attn2_plan.OCCUPANCY_MAX_CAP['deep']}"]
     tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(qkv_front_plan.TILES)}
     for key, name in entries.items():
         if key.startswith("('qkv_front'"):

@@ -47,10 +47,10 @@ request whatever the batch; docs/DESIGN.md section 11):
   triggers its dependent launch after the main loop, so the next kernel's launch overlaps our
   merges when it is launched with PDL too; other grids do not trigger (the next grid's early
   CTAs took SM slots from ours, measured) and the next kernel launches as our CTAs exit.
-- Occupancy caps (attn2_plan.occupancy_cap): behind a qkv_front of <= 16 tokens, which triggers
-  after its main loop while its CTAs still hold 108 of the 132 SMs (Hkv 2), the block scheduler
-  would put a small grid's early CTAs five to an SM on the 24 SMs left free. A variant with
-  ctas_per_sm = 1 or 2 reserves shared memory it never touches (cfg.smem_pad) so that no more
+- Occupancy caps (attn2_plan.occupancy_cap): behind qkv_front, which triggers after its main
+  loop while its CTAs still hold 108 of the 132 SMs (Hkv 2), the block scheduler would put the
+  grid's early CTAs five (deep: four) to an SM on the 24 SMs left free. A variant with
+  ctas_per_sm = 1 to 4 reserves shared memory it never touches (cfg.smem_pad) so that no more
   CTAs share an SM: the first CTAs run their prologue there, the rest land on the SMs qkv_front
   frees. The host picks the smallest cap under which the whole grid fits one wave. The bits do
   not change (where a CTA runs is not an input of what it computes).

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from ..config import GROUP, HEAD_DIM, PAGE_SIZE, SUPPORTED_Q_LENS
 from . import runtime
-from .qkv_front_plan import TRIGGER_MAX_TILE
 
 THREADS = 128     # one warpgroup
 M_TILE = 64       # wgmma M: the q_len * 8 query rows of a KV head, zero-padded
@@ -44,33 +43,41 @@ WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head)
                        # 21.4 at L=4096, but 46.6 against 42.8 at L=16384)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
 
-# Occupancy caps (occupancy_cap). qkv_front triggers its dependent launch after its main loop at
-# up to TRIGGER_MAX_TILE tokens, so attn2's grid launches while qkv_front's CTAs (one per SM, 108 of
-# 132 at Hkv 2) still hold their SMs: the block scheduler places as many attn2 CTAs as fit on the
-# SMs left free, 5 to an SM, and a small grid then runs on those few SMs. Reserving shared memory
-# so that at most 1 or 2 CTAs fit an SM spreads it: the first CTAs still run their prologue under
-# qkv_front's tail, the rest land on the SMs qkv_front frees. A launch takes a cap when its whole
-# grid fits one wave under it (a cap that does not fit costs a second wave: B=2 L=8192 with a cap
-# of 1, 128 CTAs in clusters of 8, ran attn2 alone in 15.2 us against 9.5). Measured on the H200
-# (bench/RESULTS.md, twenty-first run; a layer of qkv_front -> attn2, graph replay, Hkv 2, us,
-# no cap / cap 1 / cap 2): B=1 L=8192 23.0 / 20.4 / 20.7, B=2 L=8192 23.5 / 27.3 / 21.8,
-# B=1 L=16384 23.7 / 27.0 / 21.4, B=1 W=2048 21.4 / 20.2 / 20.9, B=2 W=2048 27.4 / 20.9 / 22.1,
-# decode B=1 21.3 / 19.5 / 20.3, decode B=16 55.1 / 46.6 / 51.5.
-OCCUPANCY_MAX_TOKENS = TRIGGER_MAX_TILE   # launches of more tokens follow a qkv_front that does not trigger early
+# Occupancy caps (occupancy_cap). qkv_front triggers its dependent launch after its main loop,
+# so attn2's grid launches while qkv_front's CTAs (one per SM, 108 of 132 at Hkv 2) still hold
+# their SMs: the block scheduler places as many attn2 CTAs as fit on the SMs left free, 5 to an
+# SM (4 deep), and those SMs then carry more of the grid than the others. Reserving shared memory
+# so that at most 1 to 4 CTAs fit an SM spreads it: the first CTAs still run their prologue under
+# qkv_front's tail, the rest land on the SMs qkv_front frees. A launch takes the smallest cap
+# under which its whole grid fits one wave (a cap that does not fit costs a second wave: B=2
+# L=8192 with a cap of 1, 128 CTAs in clusters of 8, ran attn2 alone in 15.2 us against 9.5), and
+# none where no cap below what its registers allow fits. Measured on the H200 (bench/RESULTS.md,
+# twenty-first run; a layer of qkv_front -> attn2, graph replay, Hkv 2, us, no cap / cap 1 /
+# cap 2): B=1 L=8192 23.0 / 20.4 / 20.7, B=2 L=8192 23.5 / 27.3 / 21.8, B=1 L=16384 23.7 / 27.0 /
+# 21.4, B=1 W=2048 21.4 / 20.2 / 20.9, B=2 W=2048 27.4 / 20.9 / 22.1, decode B=1 21.3 / 19.5 /
+# 20.3, decode B=16 55.1 / 46.6 / 51.5; caps 3 and 4 and the larger batches: the twenty-second run.
 SMEM_PER_SM = 228 * 1024                  # an H100 / H200 SM; each resident CTA also takes 1 KB
 OCCUPANCY_SMEM_BYTES = {1: 124 * 1024,    # > (228 - 2) / 2 KB: one CTA an SM
-                        2: 92 * 1024}     # > (228 - 3) / 3 KB and <= (228 - 2) / 2: two
+                        2: 92 * 1024,     # > (228 - 3) / 3 KB and <= (228 - 2) / 2: two
+                        3: 60 * 1024,     # > (228 - 4) / 4 KB and <= (228 - 3) / 3: three
+                        4: 48 * 1024}     # > (228 - 5) / 5 KB and <= (228 - 4) / 4: four
+OCCUPANCY_CAPS = (0, 1, 2, 3, 4)          # every cap a launch may take
+# the largest cap worth a variant in each layout: one below the CTAs an SM its registers allow
+# (Attn2Config.create's min_blocks: wide 5, deep 4)
+OCCUPANCY_MAX_CAP = {"wide": 4, "deep": 3}
 
 
-def occupancy_cap(tokens: int, ctas: int, cluster_size: int, sm_count: int) -> int:
-    """CTAs an SM a launch of `ctas` CTAs (clusters of cluster_size) over `tokens` query tokens
-    allows (1 or 2; 0: no cap, as many as registers and shared memory fit): the smallest cap
-    under which the grid fits one wave, where the qkv_front before it triggers early. A GPC's
-    SMs hold whole clusters only, so clusters of 4 and 8 count on half the SMs at a cap of 1."""
-    if tokens > OCCUPANCY_MAX_TOKENS or sm_count <= 0:
+def occupancy_cap(ctas: int, cluster_size: int, sm_count: int, max_cap: int) -> int:
+    """CTAs an SM a launch of `ctas` CTAs (clusters of cluster_size) allows (1 to max_cap; 0: no
+    cap, as many as registers and shared memory fit): the smallest cap under which the grid fits
+    one wave. A GPC's SMs hold whole clusters only: at one CTA an SM the H200's 132 SMs hold 30
+    clusters of 4 or 15 of 8, 120 CTAs (tools/qkv_front_dev/cluster_occupancy.py), so clusters of
+    4 and 8 count on 7/8 of the SMs at every cap (measured, twenty-second run: clusters of 8 in
+    one wave at a cap of 4 with 384 CTAs, a second wave with 512)."""
+    if sm_count <= 0:
         return 0
-    one_wave = sm_count if cluster_size <= 2 else sm_count // 2
-    for cap in (1, 2):
+    one_wave = sm_count if cluster_size <= 2 else sm_count * 7 // 8
+    for cap in range(1, max_cap + 1):
         if ctas <= cap * one_wave:
             return cap
     return 0
@@ -129,7 +136,7 @@ class Attn2Config:
     node_min_steps: int = NODE_MIN_STEPS   # ring steps per node from the third on (node_count)
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
     two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
-    ctas_per_sm: int = 0   # 1 or 2: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
+    ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -262,9 +269,6 @@ def deployment_layouts(window: int) -> tuple[str, ...]:
     return ("deep", "wide")
 
 
-OCCUPANCY_CAPS = (0, 1, 2)   # every cap a launch may take (occupancy_cap)
-
-
 def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", **over) -> "Attn2Config":
     if set(over) <= {"ctas_per_sm"}:
         return _default_config(q_len, window, max_seq_len, layout, over.get("ctas_per_sm", 0))
@@ -309,7 +313,8 @@ def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max
     cfg = _config(q_len, window, max_seq_len, layout, **over)
     if "ctas_per_sm" in over:
         return cfg
-    cap = occupancy_cap(q_len * num_requests, cfg.ctas_per_pair * num_requests * kv_heads, cfg.cluster_size, sm_count)
+    cap = occupancy_cap(cfg.ctas_per_pair * num_requests * kv_heads, cfg.cluster_size, sm_count,
+                        OCCUPANCY_MAX_CAP[layout])
     return _config(q_len, window, max_seq_len, layout, **over, ctas_per_sm=cap) if cap else cfg
 
 
@@ -317,7 +322,7 @@ def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int
     """Every variant a deployment may launch, whatever its batch (what prepare compiles): each
     layout under each occupancy cap; kv_heads is a run-time dimension of the kernel."""
     return [_config(q_len, window, max_seq_len, layout, ctas_per_sm=cap)
-            for layout in deployment_layouts(window) for cap in OCCUPANCY_CAPS]
+            for layout in deployment_layouts(window) for cap in OCCUPANCY_CAPS if cap <= OCCUPANCY_MAX_CAP[layout]]
 
 
 def ci_variants(max_seq_lens=(2048, 32768, 262144)) -> list["Attn2Config"]:

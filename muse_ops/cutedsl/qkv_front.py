@@ -57,9 +57,9 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
   epilogue is the same code on the same quad mapping. Run to run it is deterministic for the same reasons.
 - PDL: before griddepcontrol.wait a CTA only initialises its barriers and loads weights (no kernel
   writes them inside a step); every thread waits before it touches x, positions, slots, cos_sin,
-  y or the cache. In variants of token tiles up to qkv_front_plan.TRIGGER_MAX_TILE a CTA triggers
-  the dependent launch after its main loop, so the next kernel's prologue (attn2's) overlaps this
-  one's epilogue; larger tiles do not (in a stack of layers the early launch made the step slower).
+  y or the cache. A CTA triggers the dependent launch after its main loop, so the next kernel's
+  prologue (attn2's) overlaps this one's epilogue; attn2's occupancy caps keep its early CTAs
+  from crowding the SMs this grid leaves free (qkv_front_plan, the trigger's comment).
 
 Measurements: bench/RESULTS.md.
 """

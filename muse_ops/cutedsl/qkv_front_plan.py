@@ -43,11 +43,13 @@ INDEX_DTYPES = ("int32", "int64")
 X_BOX_MIN_ROWS = 16
 X_BOXES_MAX = 4
 
-# The PDL trigger after the main loop (the next kernel launches while this one's epilogue runs) is
-# compiled into the variants of token tiles up to this: in a stack of layers it saved 0.7-1 us per
-# layer at B=1 (M=8), but from B=8 (M=64) on, letting attn2 launch that early made the stack slower
-# (B=64: 103.6 us per layer against 98.2 without it; bench/chain.py, bench/RESULTS.md).
-TRIGGER_MAX_TILE = 16
+# Every variant triggers the dependent launch after its main loop (the next kernel, attn2 in a
+# layer, launches while this one's epilogue runs). Up to the twenty-first run only tiles of up to
+# 16 tokens did: from 64 tokens the early attn2 CTAs packed four or five to an SM onto the SMs this
+# grid leaves free (a layer at B=16 took 73.7 us against 52.6 without the trigger, B=32 81.7
+# against 67.6). With attn2's occupancy caps at every M (attn2_plan.occupancy_cap) a layer step
+# is 0.9-1.8 us faster with the trigger from B=16 to B=128 and at the window and Hkv 1 / 4 rows,
+# and ties at B=64 (bench/RESULTS.md, twenty-second run).
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once (M=192: 22.8 us
@@ -190,7 +192,6 @@ class QkvFrontConfig:
                slot_dtype: str = "int64", stages: int | None = None, **over) -> "QkvFrontConfig":
         assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
-        over.setdefault("trigger", token_tile <= TRIGGER_MAX_TILE)
         over.setdefault("owner_block", SMALL_TILE_OWNER_BLOCK if token_tile <= 16 else OWNER_BLOCK)
         if stages is None:   # as deep as shared memory allows, up to 8 stages
             stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))

@@ -93,7 +93,8 @@ def _configure(libtvm_ffi: str) -> None:
     """Hand the C++ side the plan's tables (and, once a variant is offered, TVM-FFI's library)."""
     from . import attn2_plan, qkv_front_plan
     torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
-                                    attn2_plan.WIDE_MAX_PAIRS_WINDOW, attn2_plan.OCCUPANCY_MAX_TOKENS, libtvm_ffi)
+                                    attn2_plan.WIDE_MAX_PAIRS_WINDOW, attn2_plan.OCCUPANCY_MAX_CAP["wide"],
+                                    attn2_plan.OCCUPANCY_MAX_CAP["deep"], libtvm_ffi)
 
 
 @functools.lru_cache(maxsize=1)
