@@ -46,10 +46,9 @@ X_BOXES_MAX = 4
 # Every variant triggers the dependent launch after its main loop (the next kernel, attn2 in a
 # layer, launches while this one's epilogue runs). Up to the twenty-first run only tiles of up to
 # 16 tokens did: from 64 tokens the early attn2 CTAs packed four or five to an SM onto the SMs this
-# grid leaves free (a layer at B=16 took 73.7 us against 52.6 without the trigger, B=32 81.7
-# against 67.6). With attn2's occupancy caps at every M (attn2_plan.occupancy_cap) a layer step
-# is 0.9-1.8 us faster with the trigger from B=16 to B=128 and at the window and Hkv 1 / 4 rows,
-# and ties at B=64 (bench/RESULTS.md, twenty-second run).
+# grid leaves free (a layer at B=16 took 73.7 us against 52.6 without the trigger). With attn2's
+# occupancy caps at every M (attn2_plan.occupancy_cap) a layer step with the trigger is faster at
+# every measured batch from B=6 to B=128 and ties at B=64 (bench/RESULTS.md, twenty-second run).
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once (M=192: 22.8 us
