@@ -314,7 +314,7 @@ def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max
     if "ctas_per_sm" in over:
         return cfg
     cap = occupancy_cap(cfg.ctas_per_pair * num_requests * kv_heads, cfg.cluster_size, sm_count,
-                        OCCUPANCY_MAX_CAP[layout])
+                        OCCUPANCY_MAX_CAP[cfg.layout])
     return _config(q_len, window, max_seq_len, layout, **over, ctas_per_sm=cap) if cap else cfg
 
 
