@@ -18,7 +18,6 @@ SCALE = 5.473 / 8.0
 
 
 def _kernel():
-    from muse_ops.cutedsl import attn2_plan
     ok, why = attn2_plan.can_implement(torch.device("cuda"), 2, 8, 0, 1 << 17)
     if not ok:
         pytest.skip(why)
@@ -188,8 +187,7 @@ def test_occupancy_caps_bit_identical(q_len, window, lens):
     y, cache, pt, seq = make_case(lens, hkv, q_len, seed=23 + window, window=window)
     ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
     outs = []
-    layout = attn2_plan.choose_layout(len(lens), hkv, window)
-    for cap in (c for c in attn2_plan.OCCUPANCY_CAPS if c <= attn2_plan.OCCUPANCY_MAX_CAP[layout]):
+    for cap in attn2_plan.occupancy_caps(attn2_plan.choose_layout(len(lens), hkv, window)):
         out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, ctas_per_sm=cap)
         assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
         assert check_close(out, ref)[0] == 0, cap

@@ -61,10 +61,14 @@ OCCUPANCY_SMEM_BYTES = {1: 124 * 1024,    # > (228 - 2) / 2 KB: one CTA an SM
                         2: 92 * 1024,     # > (228 - 3) / 3 KB and <= (228 - 2) / 2: two
                         3: 60 * 1024,     # > (228 - 4) / 4 KB and <= (228 - 3) / 3: three
                         4: 48 * 1024}     # > (228 - 5) / 5 KB and <= (228 - 4) / 4: four
-OCCUPANCY_CAPS = (0, 1, 2, 3, 4)          # every cap a launch may take
 # the largest cap worth a variant in each layout: one below the CTAs an SM its registers allow
 # (Attn2Config.create's min_blocks: wide 5, deep 4)
 OCCUPANCY_MAX_CAP = {"wide": 4, "deep": 3}
+
+
+def occupancy_caps(layout: str) -> range:
+    """Every cap a launch of this layout may take (0: none)."""
+    return range(OCCUPANCY_MAX_CAP[layout] + 1)
 
 
 def occupancy_cap(ctas: int, cluster_size: int, sm_count: int, max_cap: int) -> int:
@@ -322,7 +326,7 @@ def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int
     """Every variant a deployment may launch, whatever its batch (what prepare compiles): each
     layout under each occupancy cap; kv_heads is a run-time dimension of the kernel."""
     return [_config(q_len, window, max_seq_len, layout, ctas_per_sm=cap)
-            for layout in deployment_layouts(window) for cap in OCCUPANCY_CAPS if cap <= OCCUPANCY_MAX_CAP[layout]]
+            for layout in deployment_layouts(window) for cap in occupancy_caps(layout)]
 
 
 def ci_variants(max_seq_lens=(2048, 32768, 262144)) -> list["Attn2Config"]:
