@@ -64,6 +64,13 @@ OCCUPANCY_SMEM_BYTES = {1: 124 * 1024,    # > (228 - 2) / 2 KB: one CTA an SM
 # the largest cap worth a variant in each layout: one below the CTAs an SM its registers allow
 # (Attn2Config.create's min_blocks: wide 5, deep 4)
 OCCUPANCY_MAX_CAP = {"wide": 4, "deep": 3}
+# Ring stages of a variant under a cap of 1 or 2 (2 otherwise): a third stage lives in shared
+# memory the cap reserves anyway, so it costs no CTA an SM. Measured on the H200 (bench/RESULTS.md,
+# twenty-third run; a layer step, graph replay, Hkv 2, us, 2 stages / 3): B=16 L=8192 51.2 / 50.4,
+# B=32 67.2 / 65.9, B=1 20.0 / 19.6, decode B=16 46.3 / 45.4, B=64 W=2048 64.0 / 64.5 in one call
+# and 65.0-65.3 / 64.2 in the next; the same bits. Deeper rings (4 to 7 stages, what caps 1 and 2 hold) were slower in every row, and
+# so was a third stage under cap 3 (B=4 L=8192 26.1 / 26.2, B=48 91.8 / 92.0).
+CAPPED_RING_STAGES = {1: 3, 2: 3}
 
 
 def occupancy_caps(layout: str) -> range:
@@ -231,8 +238,9 @@ class Attn2Config:
                  for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
         nodes_max = max(p[3] for p in plans)
+        explicit_stages = stages
         if stages is None:
-            stages = 2
+            stages = 2   # a capped variant may take more (CAPPED_RING_STAGES, below)
         if min_blocks is None:
             # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91: one
             # chunk per sub, a dev override now); wide: 5 (96 registers: unbounded, the loads
@@ -240,6 +248,11 @@ class Attn2Config:
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm)
+        if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
+            deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
+            # (where a long deployment's page-table slice leaves no room, 2 stages stay)
+            if deeper.smem_bytes <= OCCUPANCY_SMEM_BYTES[ctas_per_sm]:
+                cfg = deeper
         # the merge buffer (query rows x 64 fp32) reuses the K and V rings
         assert 2 * cfg.stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
