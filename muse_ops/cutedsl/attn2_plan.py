@@ -68,8 +68,9 @@ OCCUPANCY_MAX_CAP = {"wide": 4, "deep": 3}
 # memory the cap reserves anyway, so it costs no CTA an SM. Measured on the H200 (bench/RESULTS.md,
 # twenty-third run; a layer step, graph replay, Hkv 2, us, 2 stages / 3): B=16 L=8192 51.2 / 50.4,
 # B=32 67.2 / 65.9, B=1 20.0 / 19.6, decode B=16 46.3 / 45.4, B=64 W=2048 64.0 / 64.5 in one call
-# and 65.0-65.3 / 64.2 in the next; the same bits. Deeper rings (4 to 7 stages, what caps 1 and 2 hold) were slower in every row, and
-# so was a third stage under cap 3 (B=4 L=8192 26.1 / 26.2, B=48 91.8 / 92.0).
+# and 65.0-65.3 / 64.2 in the next; the same bits. Deeper rings (4 to 7 stages, what caps 1 and 2
+# hold) were slower in every row, and so was a third stage under cap 3 (B=4 L=8192 26.1 / 26.2,
+# B=48 91.8 / 92.0).
 CAPPED_RING_STAGES = {1: 3, 2: 3}
 
 
