@@ -59,7 +59,8 @@ def test_node_count_by_length():
 def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
     """Every launch follows a qkv_front that triggers early, so it takes the smallest cap of CTAs
     an SM (below what its registers allow) under which its grid fits one wave; the cap's shared
-    memory reservation admits exactly that many CTAs an SM, in every deployment's variants."""
+    memory reservation admits exactly that many CTAs an SM, in every deployment's variants, and
+    under caps 1 and 2 holds a 3-stage ring (CAPPED_RING_STAGES)."""
     cap, sms = A.occupancy_cap, 132
     # clusters of 4 and 8: 7/8 of the SMs (115 of 132)
     assert cap(64, 8, sms, 4) == 1 and cap(115, 4, sms, 4) == 1 and cap(116, 8, sms, 4) == 2
@@ -86,3 +87,6 @@ def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
                     assert total <= 227 * 1024 + reserve
                     if cfg.ctas_per_sm:
                         assert (cfg.ctas_per_sm + 1) * total > A.SMEM_PER_SM >= cfg.ctas_per_sm * total, cfg
+                    # a third ring stage where a cap of 1 or 2 reserves the room for it (every
+                    # deployment up to MAX_SEQ_LEN), two elsewhere
+                    assert cfg.stages == (3 if cfg.ctas_per_sm in (1, 2) else 2), cfg
