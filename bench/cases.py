@@ -90,7 +90,10 @@ def case_suffix(window: int, q_len: int, kv_heads: int) -> str:
 
 
 def attn2_case(spec) -> Attn2Case:
-    b, L, w, q_len, kv_heads = (tuple(spec) + (Q_LEN, KV_HEADS))[:5]
+    """A case from (B, L, W[, q_len[, Hkv]]): the numbers left out take their defaults."""
+    spec = tuple(spec)
+    assert 3 <= len(spec) <= 5, spec
+    b, L, w, q_len, kv_heads = spec + (Q_LEN, KV_HEADS)[len(spec) - 3:]
     suffix = case_suffix(w, q_len, kv_heads)
     if b == "mixed64":
         g = torch.Generator().manual_seed(MIXED_SEED)

@@ -37,6 +37,11 @@ def test_kernel_bound_names_what_bounds_each_kernel():
     us, by = run.kernel_bound([(front.bytes(), front.flops())], floors)
     assert by == "tensor" and abs(us - front.flops() / 800e12 * 1e6) < 1e-9
     attn = C.attn2_case((128, 8192, 0))
+    # a spec may leave out q_len and Hkv; a q_len alone keeps the default Hkv
+    decode = C.attn2_case((4, 8192, 0, 1))
+    assert (decode.q_len, decode.kv_heads, decode.name) == (1, C.KV_HEADS, "B=4 L=8192 decode")
+    assert (attn.q_len, attn.kv_heads) == (C.Q_LEN, C.KV_HEADS)
+    assert C.attn2_case((1, 8192, 0, 8, 4)).kv_heads == 4
     kv = 128 * 2 * 8192 * 256
     assert kv < attn.bytes() < kv * 1.02
     us_a, by_a = run.kernel_bound([(attn.bytes(), attn.flops())], floors)
