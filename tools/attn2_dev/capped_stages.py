@@ -61,38 +61,26 @@ def precompile():
 
 def run():
     import layer_variants as LV
-    from bench import timing as T
-    from muse_ops import attn2_workspace
-    from muse_ops.config import proj_cols
-    from muse_ops.cutedsl.launch import launch_attn2, launch_qkv_front
-    from muse_ops.errors import error_flag
-    from muse_ops.reference import rope_cos_sin
     dev = torch.device("cuda")
     bad = 0
     for spec in CASES:   # bits: every stage count against the pick, behind one qkv_front
-        a, pick, vs = variants(spec)
-        case = LY.layer_case(spec)
-        inp = LY.build_layer(case, dev, T.l2_bytes(dev), sets=1)
-        ws = attn2_workspace(dev, a.batch, a.kv_heads, a.q_len, a.window, a.max_seq_len)
-        cos_sin = rope_cos_sin(a.max_seq_len, device=dev) if case.config.rope else None
-        err = error_flag(dev)
-        y = torch.empty((a.batch * a.q_len, proj_cols(a.kv_heads)), dtype=torch.bfloat16, device=dev)
-        launch_qkv_front(inp.xs[0], inp.weights[0], inp.positions[0], inp.slots[0], cos_sin, inp.kv.kv_cache, y, err)
+        _, _, vs = variants(spec)
+        rig = LV.LayerRig(spec, dev, sets=1)
+        rig.step(None, "skip")(0)
         outs = []
-        for label, (_, ao) in vs.items():
-            if ao == "skip":
-                continue
-            o = torch.full((a.batch * a.q_len, a.kv_heads * 512), float("nan"), dtype=torch.bfloat16, device=dev)
-            launch_attn2(y, inp.kv.kv_cache, inp.kv.page_tables[0], inp.kv.seq_lens, o, ws, err, q_len=a.q_len,
-                         window=a.window, scale=a.scale, max_seq_len=a.max_seq_len, _cfg_override=ao)
-            outs.append(o)
+        for _, ao in vs.values():
+            if ao != "skip":
+                rig.outs[0].fill_(float("nan"))
+                rig.step("skip", ao)(0)
+                outs.append(rig.outs[0].clone())
         torch.cuda.synchronize()
         same = all(torch.equal(outs[0].view(torch.int16), o.view(torch.int16)) for o in outs)
         finite = bool(torch.isfinite(outs[0].float()).all())
-        bad += (not same) or (not finite) or int(err.item()) != 0
-        print(f"CHECK {case.name:28s} {len(outs)} variants same bits {same} finite {finite} "
-              f"error flag {int(err.item())}", flush=True)
-        del inp
+        flag = int(rig.err.item())
+        bad += (not same) or (not finite) or flag != 0
+        print(f"CHECK {rig.case.name:28s} {len(outs)} variants same bits {same} finite {finite} "
+              f"error flag {flag}", flush=True)
+        del rig
         torch.cuda.empty_cache()
     print("CHECK FAILURES", bad, flush=True)
     for spec in CASES:

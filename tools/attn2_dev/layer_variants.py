@@ -45,32 +45,45 @@ def layer_case(spec):
                                     [L] * b, w, max_seq_len, kv_heads=kv_heads, q_len=q_len))
 
 
-def run_case(spec, device) -> str:
-    """One case's line: every variant's median us per step."""
-    case = layer_case(spec)
-    a = case.attn
-    inp = LY.build_layer(case, device, T.l2_bytes(device))
-    ws = attn2_workspace(device, a.batch, a.kv_heads, a.q_len, a.window, a.max_seq_len)
-    cos_sin = rope_cos_sin(a.max_seq_len, device=device) if case.config.rope else None
-    err = error_flag(device)
-    n = proj_cols(a.kv_heads)
-    ys = [torch.empty((a.batch * a.q_len, n), dtype=torch.bfloat16, device=device) for _ in range(inp.sets)]
-    outs = [torch.empty((a.batch * a.q_len, a.kv_heads * 512), dtype=torch.bfloat16, device=device)
-            for _ in range(inp.sets)]
+class LayerRig:
+    """A case's rotating layer inputs (bench/layer.py), with a y and an out per set, and the launch
+    of one step under a variant."""
 
-    def step(front_over, attn_over, attn_copy=None):
+    def __init__(self, spec, device, sets: int | None = None):
+        self.case = layer_case(spec)
+        a = self.attn = self.case.attn
+        self.inp = LY.build_layer(self.case, device, T.l2_bytes(device), sets=sets)
+        self.ws = attn2_workspace(device, a.batch, a.kv_heads, a.q_len, a.window, a.max_seq_len)
+        self.cos_sin = rope_cos_sin(a.max_seq_len, device=device) if self.case.config.rope else None
+        self.err = error_flag(device)
+        rows = a.batch * a.q_len
+        self.ys = [torch.empty((rows, proj_cols(a.kv_heads)), dtype=torch.bfloat16, device=device)
+                   for _ in range(self.inp.sets)]
+        self.outs = [torch.empty((rows, a.kv_heads * 512), dtype=torch.bfloat16, device=device)
+                     for _ in range(self.inp.sets)]
+
+    def step(self, front_over, attn_over, attn_copy=None):
+        """fn(i): set i's qkv_front (into ys[i]) then attn2 (into outs[i]); an override "skip"
+        leaves that kernel out."""
         kernel = kernel_copy(attn_copy) if attn_copy else None
+        inp, a = self.inp, self.attn
 
         def fn(i):
             if front_over != "skip":
-                launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], cos_sin,
-                                 inp.kv.kv_cache, ys[i], err, _cfg_override=front_over)
+                launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], self.cos_sin,
+                                 inp.kv.kv_cache, self.ys[i], self.err, _cfg_override=front_over)
             if attn_over != "skip":
-                launch_attn2(ys[i], inp.kv.kv_cache, inp.kv.page_tables[i], inp.kv.seq_lens, outs[i], ws, err,
-                             q_len=a.q_len, window=a.window, scale=a.scale, max_seq_len=a.max_seq_len,
-                             _cfg_override=attn_over, _kernel=kernel)
+                launch_attn2(self.ys[i], inp.kv.kv_cache, inp.kv.page_tables[i], inp.kv.seq_lens, self.outs[i],
+                             self.ws, self.err, q_len=a.q_len, window=a.window, scale=a.scale,
+                             max_seq_len=a.max_seq_len, _cfg_override=attn_over, _kernel=kernel)
         return fn
-    fns = {label: step(*variant) for label, variant in VARIANTS.items()}
+
+
+def run_case(spec, device) -> str:
+    """One case's line: every variant's median us per step."""
+    rig = LayerRig(spec, device)
+    case, inp, err = rig.case, rig.inp, rig.err
+    fns = {label: rig.step(*variant) for label, variant in VARIANTS.items()}
     for fn in fns.values():
         fn(0)
     torch.cuda.synchronize()
