@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muse_ops.cutedsl import attn2_plan, launch
+from muse_ops.cutedsl import attn2_plan, launch, qkv_front_plan
 
-from muse_ops.config import GROUP, HEAD_DIM, PAGE_SIZE
+from muse_ops.config import GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, proj_cols
+from muse_ops.paged import block_positions, block_slots
+from muse_ops.reference import rope_cos_sin
 from muse_ops.testing import attn2_f64, tolerance_report
 
 pytestmark = [pytest.mark.gpu,
@@ -282,6 +284,45 @@ def test_pdl_chain_shares_workspace():
             assert nbad == 0 and mean <= 2e-3, (run, k, nbad, mx, mean)
     assert int(err.item()) == 0
     assert counters_zero(A, ws, 1, hkv, q_len, window, msl)
+
+
+@pytest.mark.parametrize("early_ring", [False, True])
+@pytest.mark.parametrize("layout,q_len,window", [("wide", 8, 0), ("deep", 8, 0), ("wide", 8, 2048),
+                                                  ("deep", 1, 0)])
+def test_chain_reads_new_rows_after_the_insert(layout, q_len, window, early_ring):
+    """qkv_front then attn2 back to back, so attn2's CTAs start under qkv_front's epilogue (PDL,
+    qkv_front triggers after its main loop): the new tokens' cache rows are NaN until qkv_front's
+    insert, so an attn2 that read any of them before the wait would give NaN. Its output must
+    match the float64 attention over the y and the cache the step leaves, with and without the
+    ring prologue's old rows before the wait (early_ring). The lengths put the new rows in a
+    CTA's first steps (chunks of one step), across a step boundary and within one page."""
+    A = _kernel()
+    ok, why = qkv_front_plan.can_implement(torch.device("cuda"), 2)
+    if not ok:
+        pytest.skip(why)
+    hkv, msl = 2, 1 << 14
+    lens = [q_len, 67, 64 * 5 + 3, 130, 8192 - 37, 1000, 4096 + 4, 2 * 64 + q_len]
+    _, cache, pt, seq = make_case(lens, hkv, q_len, seed=61 + q_len + window, window=window)
+    slots = block_slots(pt, seq, q_len)
+    positions = block_positions(seq, q_len)
+    flat = cache.permute(0, 2, 1, 3)                # [pages, 16, Hkv, 128], a view
+    flat[slots // PAGE_SIZE, slots % PAGE_SIZE] = float("nan")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(len(positions), HIDDEN, generator=g, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(proj_cols(hkv), HIDDEN, generator=g, device="cuda") * HIDDEN ** -0.5).to(torch.bfloat16)
+    cos_sin = rope_cos_sin(msl, device="cuda") if window > 0 else None
+    y = torch.full((len(positions), proj_cols(hkv)), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((len(positions), GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ws = torch.zeros(A.workspace_bytes(len(lens), hkv, q_len, window, msl), dtype=torch.uint8, device="cuda")
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    launch.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err)
+    launch.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=SCALE,
+                        max_seq_len=msl, _cfg_override={"layout": layout, "early_ring": early_ring})
+    torch.cuda.synchronize()
+    assert int(err.item()) == 0
+    assert not torch.isnan(flat[slots // PAGE_SIZE, slots % PAGE_SIZE]).any(), "the insert did not land"
+    nbad, mx, mean = check_close(out, attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE))
+    assert nbad == 0 and mean <= 2e-3, (nbad, mx, mean)
 
 
 @pytest.mark.parametrize("layout", ["wide", "deep"])

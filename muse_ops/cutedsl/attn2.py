@@ -443,6 +443,9 @@ class Attn2Sm90:
                 self.stage_page_table(mPT, sPT, mErr, tree, page_base, my_steps, pt_guess, num_pages,
                                       request, split, tidx, warp, lane)
                 cute.arch.sync_threads()               # sPT and the mbarriers visible
+                if const_expr(self.cfg.early_ring):
+                    self.ring_prologue(tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, kv_head, my_steps,
+                                       num_pages, warp, self.unwritten_steps(L, page_base), True)
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()
         if bad_len != 0:
@@ -453,7 +456,8 @@ class Attn2Sm90:
                 k_begin, my_steps, page_base = self.cta_steps(tree)
                 # the first KV loads (warp 0) and Q go out together: their latencies overlap
                 tKVg, tKs, tVs = self.ring_prologue(tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT,
-                                                    kv_head, my_steps, num_pages, warp)
+                                                    kv_head, my_steps, num_pages, warp,
+                                                    self.unwritten_steps(L, page_base), False)
                 # ---- Q (row m = token*8 + head; rows >= self.rows zero)
                 qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
                 _load_q(mY, qv, request, kv_head, tidx, self.q_len)
@@ -617,10 +621,14 @@ class Attn2Sm90:
     @cute.jit
     def ring_prologue(self, tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
                       sPages_layout: cute.ComposedLayout, full, sPT: cute.Tensor, kv_head: Int32,
-                      my_steps: Int32, num_pages: Int32, warp: Int32):
+                      my_steps: Int32, num_pages: Int32, warp: Int32, unwritten: Int32,
+                      before_wait: cutlass.Constexpr[bool]):
         """The TMA partitions of the ring, pages (16, 64, pages_per_step * stages) against the
         cache's boxes; returns (tKVg, tKs, tVs). Warp 0 issues the ring prologue, steps 0 ..
-        stages - 2 (those < my_steps), each completing on full[step]; needs sPT published."""
+        stages - 2 (those < my_steps), each completing on full[step]; needs sPT published. With
+        cfg.early_ring the call before the PDL wait (before_wait) issues the steps < unwritten
+        (unwritten_steps: no row the predecessor may write) and the call after it the rest;
+        without it, the call after the wait issues them all."""
         sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
         sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
         gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)
@@ -631,9 +639,21 @@ class Attn2Sm90:
         if warp == 0:
             for k0 in cutlass.range_constexpr(self.stages - 1):
                 if k0 < my_steps:
-                    _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, Int32(k0), Int32(k0),
-                               num_pages, self.pages_per_step, self.page_table_max)
+                    if const_expr(not self.cfg.early_ring):
+                        _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, Int32(k0), Int32(k0),
+                                   num_pages, self.pages_per_step, self.page_table_max)
+                    elif Int32(k0 < unwritten) == Int32(before_wait):
+                        _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, Int32(k0), Int32(k0),
+                                   num_pages, self.pages_per_step, self.page_table_max)
         return tKVg, tKs, tVs
+
+    @cute.jit
+    def unwritten_steps(self, L: Int32, page_base: Int32) -> Int32:
+        """How many of this CTA's first ring steps hold only rows of positions < L - q_len, which
+        the kernel before attn2 does not write (it inserts the q_len new tokens, positions L - q_len
+        .. L - 1; docs/DESIGN.md section 11): those loads may go out before the PDL wait."""
+        first_written_page = (L - self.q_len) // PAGE_SIZE
+        return cutlass.max(first_written_page - page_base, Int32(0)) // self.pages_per_step
 
     @cute.jit
     def main_loop(self, tma_atom: cute.CopyAtom, tKVg: cute.Tensor, tKs: cute.Tensor, tVs: cute.Tensor, full,

@@ -72,6 +72,13 @@ OCCUPANCY_MAX_CAP = {"wide": 4, "deep": 3}
 # hold) were slower in every row, and so was a third stage under cap 3 (B=4 L=8192 26.1 / 26.2,
 # B=48 91.8 / 92.0).
 CAPPED_RING_STAGES = {1: 3, 2: 3}
+# The q_lens whose variants under a cap compile for the cap's CTAs an SM (__launch_bounds__
+# min_blocks = the cap: ptxas takes 103 registers wide and 150 deep, no spills) instead of 5 (wide)
+# or 4 (deep): the cap leaves the registers free anyway. Measured on the H200 (bench/RESULTS.md,
+# twenty-third run; a layer step, us, the register budget of 5 / 4 CTAs an SM against the cap's):
+# B=1 L=8192 19.6 / 19.5, B=4 25.6 / 25.5, B=32 65.4 / 65.0, B=48 87.7 / 87.5 (three rounds,
+# 9 of 10 verify rows faster), but decode B=16 45.2 / 45.3-45.7.
+CAPPED_REGISTER_Q_LENS = (8,)
 
 
 def occupancy_caps(layout: str) -> range:
@@ -149,6 +156,7 @@ class Attn2Config:
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
     two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
     ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
+    early_ring: bool = False   # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -215,7 +223,8 @@ class Attn2Config:
                stages: int | None = None, min_blocks: int | None = None,
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
-               two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0) -> "Attn2Config":
+               two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
+               early_ring: bool = False) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). Measured on the H200
         # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
@@ -247,8 +256,11 @@ class Attn2Config:
             # chunk per sub, a dev override now); wide: 5 (96 registers: unbounded, the loads
             # before the PDL wait took it to 104, 4 CTAs per SM, and B=4 L=8192 from 13.0 to 15.7 us)
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
+            if ctas_per_sm and q_len in CAPPED_REGISTER_Q_LENS:
+                min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
-                          min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm)
+                          min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
+                          early_ring)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
