@@ -628,7 +628,7 @@ class Attn2Sm90:
         stages - 2 (those < my_steps), each completing on full[step]; needs sPT published. With
         cfg.early_ring the call before the PDL wait (before_wait) issues the steps < unwritten
         (unwritten_steps: no row the predecessor may write) and the call after it the rest;
-        without it, the call after the wait issues them all."""
+        without it unwritten is 0, and the call after the wait issues them all."""
         sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
         sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
         gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)
@@ -639,10 +639,7 @@ class Attn2Sm90:
         if warp == 0:
             for k0 in cutlass.range_constexpr(self.stages - 1):
                 if k0 < my_steps:
-                    if const_expr(not self.cfg.early_ring):
-                        _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, Int32(k0), Int32(k0),
-                                   num_pages, self.pages_per_step, self.page_table_max)
-                    elif Int32(k0 < unwritten) == Int32(before_wait):
+                    if Int32(k0 < unwritten) == Int32(before_wait):
                         _load_step(tma_atom, tKVg, tKs, tVs, full, sPT, kv_head, Int32(k0), Int32(k0),
                                    num_pages, self.pages_per_step, self.page_table_max)
         return tKVg, tKs, tVs
@@ -651,7 +648,10 @@ class Attn2Sm90:
     def unwritten_steps(self, L: Int32, page_base: Int32) -> Int32:
         """How many of this CTA's first ring steps hold only rows of positions < L - q_len, which
         the kernel before attn2 does not write (it inserts the q_len new tokens, positions L - q_len
-        .. L - 1; docs/DESIGN.md section 11): those loads may go out before the PDL wait."""
+        .. L - 1; docs/DESIGN.md section 11): those loads may go out before the PDL wait. 0
+        without cfg.early_ring (every load waits)."""
+        if const_expr(not self.cfg.early_ring):
+            return Int32(0)
         first_written_page = (L - self.q_len) // PAGE_SIZE
         return cutlass.max(first_written_page - page_base, Int32(0)) // self.pages_per_step
 
