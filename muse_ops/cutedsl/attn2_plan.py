@@ -156,7 +156,7 @@ class Attn2Config:
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
     two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
     ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
-    early_ring: bool = False   # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
+    early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -224,7 +224,7 @@ class Attn2Config:
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
-               early_ring: bool = False) -> "Attn2Config":
+               early_ring: bool = True) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). Measured on the H200
         # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
@@ -232,6 +232,8 @@ class Attn2Config:
         # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
         # pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree in keys) was slower
         # wide (B=8 L=8192 26.7 against 22.9) and deep from B=64; a dev knob (nineteenth run).
+        # early_ring (the prologue's old rows before the PDL wait): a layer faster in 9 of 11 rows
+        # and then in 15 of 18, on two machines (twenty-fourth and twenty-fifth runs); on by default.
         assert layout in LAYOUTS, layout
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
