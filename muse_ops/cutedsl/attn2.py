@@ -39,10 +39,12 @@ request whatever the batch; docs/DESIGN.md section 11):
   CTAs, a full batch needs few long ones. The price in deep: a second O accumulator (126
   registers, 4 CTAs per SM) and a fold per chunk.
 - PDL: every launch may start while its predecessor in the stream runs. Before
-  griddepcontrol.wait a CTA reads only seq_lens and the page table (and may OR the bad-page bit
-  into the error flag); Q (y) and the KV cache, which qkv_front writes, and every other write wait
-  for it. So the kernel right before attn2 must not write seq_lens or the page table after
-  triggering its dependents early: qkv_front and attn2 do not, and a kernel that does not trigger
+  griddepcontrol.wait a CTA reads only seq_lens, the page table (and may OR the bad-page bit
+  into the error flag) and, with cfg.early_ring (the default), the ring prologue's steps whose
+  rows all sit at positions before L - q_len; Q (y), the new tokens' rows, which qkv_front
+  writes, and every write wait for it. So the kernel right before attn2 must not write seq_lens,
+  the page table or those older rows after triggering its dependents early: qkv_front (which
+  inserts positions L - q_len .. L - 1) and attn2 do not, and a kernel that does not trigger
   early has finished before attn2 starts. A wide grid of at most one working CTA per SM
   triggers its dependent launch after the main loop, so the next kernel's launch overlaps our
   merges when it is launched with PDL too; other grids do not trigger (the next grid's early
@@ -56,10 +58,11 @@ request whatever the batch; docs/DESIGN.md section 11):
   not change (where a CTA runs is not an input of what it computes).
 - Start of a CTA: seq_len, then the page-table entries of its chunks, then the first KV load are
   three dependent latencies; the first two run before the PDL wait, under the predecessor's
-  tail. A wide CTA issues three guesses of its page-table entries (32 from step s, 2 s and 3 s:
+  tail, and so does the third for the prologue's steps whose rows are older than the new tokens
+  (cfg.early_ring). A wide CTA issues three guesses of its page-table entries (32 from step s, 2 s and 3 s:
   where chunk s starts when steps // chunks is exactly 1, 2 or 3) with seq_len's load, and takes
   the entries from a guess that covers them. Nothing depends on a guess being right. After the
-  wait, the first KV loads and Q go out together.
+  wait, Q and the prologue's remaining KV loads go out together.
 - Grid (cluster_size, Hkv * R, max_clusters) with clusters of cluster_size CTAs along x: the
   cluster index is the slowest dimension, so the clusters that have work (low indices) are
   dispatched first and the idle ones (beyond the request's subs / nodes) exit at the end. 128
@@ -394,8 +397,8 @@ class Attn2Sm90:
         kv_heads): every query row of the pair, and the chunks [split * chunks_per_cta, ..) of the
         request's chunks (reduction_tree). Phases, in order (every thread calls each; its
         docstring says which threads act): barriers; before the PDL wait, seq_len and the
-        page-table guesses, then (a live CTA of a valid length) its page-table entries to smem;
-        the PDL wait; then either the invalid length (zero rows, error bit) or, for a CTA of a
+        page-table guesses, then (a live CTA of a valid length) its page-table entries to smem
+        and the ring prologue's steps of older rows (early_ring); the PDL wait; then either the invalid length (zero rows, error bit) or, for a CTA of a
         live cluster: the first KV loads and Q to smem, the main loop, the partial to smem, the
         level-1 (cluster) merge, the level-2 (workspace) merge, the epilogue. A CTA of a live cluster
         reaches both cluster barriers (merge_cluster and the final wait) whatever its steps; a CTA
@@ -425,14 +428,16 @@ class Attn2Sm90:
 
         self.init_barriers(tma_atom, full, warp)
         # ---- PDL: this grid may start while its predecessor in the stream still runs. Before
-        # griddepcontrol.wait it reads only seq_len and its page-table entries (into sPT; a bad
-        # entry sets its error bit, an atomic OR) and writes nothing else global: the kernel
-        # right before attn2 in a step is qkv_front (or attn2, or a kernel that does not trigger
-        # its dependents early and so has finished), and none of them writes the lengths or the
-        # page table (docs/DESIGN.md section 11 states it as the contract). So after the wait
-        # only Q and the first KV loads remain, in parallel, where seq_len -> page table -> KV
-        # were three dependent latencies. Measured: bench/RESULTS.md, fourteenth run. The
-        # trigger for the next grid comes after the main loop (trigger_dependents).
+        # griddepcontrol.wait it reads only seq_len, its page-table entries (into sPT; a bad
+        # entry sets its error bit, an atomic OR) and, with cfg.early_ring, the ring prologue's
+        # steps of rows older than the new tokens (unwritten_steps), and writes nothing else
+        # global: the kernel right before attn2 in a step is qkv_front (or attn2, or a kernel
+        # that does not trigger its dependents early and so has finished), and none of them
+        # writes the lengths, the page table or those rows (docs/DESIGN.md section 11 states it
+        # as the contract). So after the wait only Q and the remaining KV loads are left, where
+        # seq_len -> page table -> KV were three dependent latencies. Measured: bench/RESULTS.md,
+        # fourteenth, twenty-fourth and twenty-fifth runs. The trigger for the next grid comes
+        # after the main loop (trigger_dependents).
         pt_guess = self.load_page_table_guesses(mPT, request, split, warp, lane)
         L = mSeq[request]
         bad_len = Int32(L < self.q_len) + Int32(L > max_seq_len)

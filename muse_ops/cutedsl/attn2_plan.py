@@ -151,7 +151,7 @@ class Attn2Config:
     stages: int       # TMA ring depth
     pages_per_step: int = 4   # pages per ring step (keys per step = 16 pages, the N of S = Q K^T)
     min_blocks: int = 0  # __launch_bounds__ min CTAs per SM (0: no hint)
-    pdl: bool = True  # programmatic dependent launch (only seq_lens and the page table read before griddepcontrol.wait)
+    pdl: bool = True  # programmatic dependent launch (seq_lens, the page table and early_ring's rows read before griddepcontrol.wait)
     node_min_steps: int = NODE_MIN_STEPS   # ring steps per node from the third on (node_count)
     chunks_per_sub: int = 0                 # chunks per sub of the tree; 0: sub_chunks(window)
     two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
