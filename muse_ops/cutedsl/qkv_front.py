@@ -162,21 +162,24 @@ class QkvFrontSm90:
                                                      cute.slice_(box_layout, (None, None, 0)), (rows, K_TILE)))
         m = mX.shape[0]
         head_groups = mW.shape[0] // (HEAD_DIM * heads)
+        # token tiles before head groups in launch order: the CTAs that read one head group's
+        # weight rows run side by side, so the weight crosses from HBM once however many tiles
+        # there are, even where it exceeds the L2 (Hkv >= 4) and the grid takes several waves
         self.kernel(tma_w, mW_tma, tma_x, mX_tma, tuple(a for a, _ in boxes), tuple(t for _, t in boxes), mPos, mSlot,
                     mCS, mCache, mY, mErr, sW_layout, sX_layout, split).launch(
-            grid=(split, head_groups, (m + tokens - 1) // tokens), block=(self.cfg.threads, 1, 1),
+            grid=(split, (m + tokens - 1) // tokens, head_groups), block=(self.cfg.threads, 1, 1),
             cluster=(split, 1, 1), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
                box_atoms: tuple, box_tensors: tuple, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
                mErr: cute.Tensor, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
-        """CTA (rank, head_group, tile): the K tiles of `rank` for the heads_per_cta heads from
+        """CTA (rank, tile, head_group): the K tiles of `rank` for the heads_per_cta heads from
         head_group * heads_per_cta and the token_tile tokens from tile * token_tile. Warps
         0 .. 4 heads_per_cta - 1 are the consumer warpgroups (one head each), the next one the producer."""
         tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
         tidx, _, _ = cute.arch.thread_idx()
-        rank, head_group, tile = cute.arch.block_idx()
+        rank, tile, head_group = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         # ---- shared memory: the ring's barriers and stages (x's stages right after the weight's),
