@@ -347,6 +347,7 @@ bool records_grad(std::initializer_list<const at::Tensor*> tensors) {
 // ------------------------------------------------------------------------- the plan's formulas
 int64_t k_split(int64_t kv_heads) {   // qkv_front_plan.k_split
   const int64_t heads = (2 * kGroup + 2) * kv_heads;
+  if (heads > kSmTarget) return 2;      // more than a wave at one CTA a head: halves
   for (int64_t s = kMaxKSplit; s > 1; --s)
     if (heads * s <= kSmTarget) return s;
   return 1;

@@ -98,7 +98,7 @@ def test_matches_float64(m, kv_heads, rope, index_dtype, cos_sin):
     assert int(err.item()) == 0
 
 
-@pytest.mark.parametrize("kv_heads,rope", [(2, True), (1, False), (4, True)])
+@pytest.mark.parametrize("kv_heads,rope", [(2, True), (1, False), (4, True), (8, True)])   # K splits 3, 3, 1, 2
 def test_bit_identical_across_m_and_runs(kv_heads, rope, cos_sin):
     """A token's y row and cache row are the same bits computed alone, among M = 2 .. 512 tokens
     (every token tile and heads-per-CTA variant), at any place in its tile, and run to run."""

@@ -21,8 +21,8 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
 - The output is computed transposed ("swap AB"): a head's 64 weight rows are the M = 64 of a
   wgmma, the tokens its N (the token tile, 8 to 256), so one wgmma shape serves one token and
   512 alike, and the weight, the operand that is large, streams through once per token tile.
-- A cluster of S CTAs (the K split, qkv_front_plan.k_split: 3 for Hkv 1 and 2, 2 for Hkv 3, 1 from
-  Hkv 4) owns one group of heads (1 or 2) and one token tile; rank r sums K tiles
+- A cluster of S CTAs (the K split, qkv_front_plan.k_split: 3 for Hkv 1 and 2, 2 for Hkv 3, 1 for
+  Hkv 4 to 7, 2 from Hkv 8) owns one group of heads (1 or 2) and one token tile; rank r sums K tiles
   [r 128 / S, (r+1) 128 / S) of 64 columns each. S depends on Hkv only, so at Hkv 2 the 36 heads run on 108 CTAs at any M.
 - Per CTA: one producer warp streams, per K tile, the heads' 64 x 64 weight boxes and the
   T x 64 x box with TMA (128-byte swizzle, the canonical K-major wgmma layout), 1 or 4 K tiles a

@@ -97,12 +97,19 @@ def heads(kv_heads: int) -> int:
 
 
 def k_split(kv_heads: int) -> int:
-    """CTAs that split K for one head (a cluster): the largest of 3, 2, 1 that keeps one CTA per SM
-    of a 132-SM H100 / H200 (Hkv 1 and 2: 3, Hkv 3: 2, Hkv >= 4: 1). It depends on Hkv only, never
-    on M: it fixes the order of the K sums, so a token gets the same bits in any batch. Measured
-    (bench/RESULTS.md): at Hkv 2 a split of 3 beats 2, 4, 6 and 7 at every M; at Hkv 1 clusters of
-    6 or 7 do not all fit the GPCs at once (a second wave), and 3 beats 4 and 5."""
+    """CTAs that split K for one head (a cluster). Where one CTA per head fits a wave of a 132-SM
+    H100 / H200, the largest of 3, 2, 1 that still does (Hkv 1 and 2: 3, Hkv 3: 2, Hkv 4 to 7: 1);
+    where even one CTA per head takes more than a wave (Hkv >= 8), 2: the grid's waves are then
+    of half-length CTAs, so its last wave leaves less of the GPU idle. It depends on Hkv only,
+    never on M: it fixes the order of the K sums, so a token gets the same bits in any batch.
+    Measured (bench/RESULTS.md): at Hkv 2 a split of 3 beats 2, 4, 6 and 7 at every M; at Hkv 1
+    clusters of 6 or 7 do not all fit the GPCs at once (a second wave), and 3 beats 4 and 5; at
+    Hkv 4 a split of 2 is 17-19% slower at M <= 64 (a second wave of 12 CTAs); at Hkv 8 a split of
+    2 is faster at every M measured (M=512 187 -> 158 us), at Hkv 16 7-8% faster from M = 256 and
+    within 1-3% at M <= 64."""
     heads_ = heads(kv_heads)
+    if heads_ > SM_TARGET:
+        return 2
     return next(s for s in (MAX_K_SPLIT, 2, 1) if heads_ * s <= SM_TARGET or s == 1)
 
 
