@@ -105,8 +105,8 @@ def k_split(kv_heads: int) -> int:
     Measured (bench/RESULTS.md): at Hkv 2 a split of 3 beats 2, 4, 6 and 7 at every M; at Hkv 1
     clusters of 6 or 7 do not all fit the GPCs at once (a second wave), and 3 beats 4 and 5; at
     Hkv 4 a split of 2 is 17-19% slower at M <= 64 (a second wave of 12 CTAs); at Hkv 8 a split of
-    2 is faster at every M measured (M=512 187 -> 158 us), at Hkv 16 7-8% faster from M = 256 and
-    within 1-3% at M <= 64."""
+    2 is faster at every M measured (M=512 187 -> 158 us); at Hkv 16 it is 7-9% faster from M = 256,
+    the same at M = 128 and 1-4% slower up to M = 64."""
     heads_ = heads(kv_heads)
     if heads_ > SM_TARGET:
         return 2
