@@ -143,7 +143,7 @@ def measure() -> list[dict]:
             y = torch.ops.muse.qkv_front(x, w, b.positions, b.slots, None, cache)
             torch.ops.muse.attn2(y, cache, b.page_table, b.seq_lens, ws, **kw)
             flag = error_flag(x.device)
-            qfn = launch.compile_qkv_front(qkv_config(x.shape[0], False, b.positions.dtype, b.slots.dtype))
+            qfn = launch.compile_qkv_front(qkv_config(x.shape[0], KV_HEADS, False, b.positions.dtype, b.slots.dtype))
             acfg = attn2_config(batch, KV_HEADS, 8, 0, 16384)
             afn = launch.compile_attn2(acfg)
             dummy = runtime.dummy_tensor(x.device)

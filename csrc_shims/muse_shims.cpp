@@ -60,7 +60,7 @@
 // The interface version muse_ops/cutedsl/shims.py expects: it reads this marker from the file
 // before loading it, so a library built from older sources is never loaded (bump on any change of
 // the ops below or of what Python calls).
-extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=4;";
+extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=5;";
 
 namespace muse_shims {
 namespace {
@@ -75,6 +75,7 @@ constexpr int64_t kCacheRow = 128;
 constexpr int64_t kProjColsPerKvHead = (2 * kGroup + 2) * kHeadDim;   // 1152
 constexpr int64_t kSmTarget = 132;      // qkv_front_plan.SM_TARGET
 constexpr int64_t kMaxKSplit = 3;       // qkv_front_plan.MAX_K_SPLIT
+constexpr int64_t kWaveTilesAbove = 256;   // qkv_front_plan.WAVE_TILES_ABOVE
 constexpr int64_t kSubChunks = 8;       // attn2_plan.SUB_CHUNKS (arrival counters per pair)
 
 enum Op { kQkvFront = 0, kAttn2 = 1 };
@@ -133,6 +134,7 @@ struct State {
   std::shared_mutex mutex;          // guards the tables below (written rarely, read per call)
   Ffi ffi;
   std::vector<int64_t> tile_limits;   // qkv_front_plan.TILES: the largest M of each token tile
+  std::vector<int64_t> tile_tokens, tile_heads;   // and its tokens and heads per CTA (wave_tile)
   int64_t wide_max_pairs = 16, wide_max_pairs_window = 32;
   int64_t occupancy_max_cap_wide = 4, occupancy_max_cap_deep = 3;   // attn2_plan.OCCUPANCY_MAX_CAP
   std::array<Kernel, kMaxTiles * 8> qkv{};   // at qkv_index(tile, rope, positions int64, slots int64)
@@ -362,7 +364,29 @@ int64_t attn2_workspace_bytes(int64_t requests, int64_t kv_heads, int64_t slots,
   return (offset + 4 * nslot * mr * 2 + 4 * counters + 15) / 16 * 16;
 }
 
-int tile_index(int64_t m) {   // qkv_front_plan.tile_for, by the limits Python registered
+int wave_tile_index(int64_t m, int64_t kv_heads) {   // qkv_front_plan.wave_tile
+  const State& s = state();
+  const int64_t head_groups = (2 * kGroup + 2) * kv_heads / 2;
+  int best = -1;
+  int64_t best_cost = 0;
+  for (size_t i = 0; i < s.tile_tokens.size() && i < s.tile_heads.size(); ++i) {
+    if (s.tile_heads[i] != 2) continue;
+    const int64_t tokens = s.tile_tokens[i];
+    const int64_t ctas = (m + tokens - 1) / tokens * head_groups;
+    const int64_t cost = (ctas + kSmTarget - 1) / kSmTarget * tokens;
+    if (best < 0 || cost < best_cost || (cost == best_cost && tokens > s.tile_tokens[best])) {
+      best = static_cast<int>(i);
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+int tile_index(int64_t m, int64_t kv_heads) {   // qkv_front_plan.tile_for, by the tables Python registered
+  if (m > kWaveTilesAbove && k_split(kv_heads) == 1) {
+    const int wave = wave_tile_index(m, kv_heads);
+    if (wave >= 0) return wave;
+  }
   const auto& limits = state().tile_limits;
   for (size_t i = 0; i < limits.size(); ++i)
     if (m <= limits[i]) return static_cast<int>(i);
@@ -450,7 +474,7 @@ const char* plan_qkv_front(const at::Tensor& x, const at::Tensor& weight, const 
   if (!p.device->supported) return p.device->why.c_str();
   State& s = state();
   std::shared_lock lock(s.mutex);
-  const int tile = tile_index(p.m);
+  const int tile = tile_index(p.m, p.kv_heads);
   if (tile >= 0 && s.ffi.ready())
     p.kernel = s.qkv[qkv_index(tile, rope, positions.scalar_type() == at::kLong, slots.scalar_type() == at::kLong)];
   return p.kernel.call ? nullptr : "no kernel registered for this variant";
@@ -673,12 +697,17 @@ void release(Kernel& k) {
   k = Kernel{};
 }
 
-void configure(std::vector<int64_t> tile_limits, int64_t wide_max_pairs, int64_t wide_max_pairs_window,
-               int64_t occupancy_max_cap_wide, int64_t occupancy_max_cap_deep, std::string libtvm_ffi) {
+void configure(std::vector<int64_t> tile_limits, std::vector<int64_t> tile_tokens, std::vector<int64_t> tile_heads,
+               int64_t wide_max_pairs, int64_t wide_max_pairs_window, int64_t occupancy_max_cap_wide,
+               int64_t occupancy_max_cap_deep, std::string libtvm_ffi) {
   State& s = state();
   std::unique_lock lock(s.mutex);
   TORCH_CHECK(tile_limits.size() <= static_cast<size_t>(kMaxTiles), "muse shims: too many token tiles");
+  TORCH_CHECK(tile_tokens.size() == tile_limits.size() && tile_heads.size() == tile_limits.size(),
+              "muse shims: one token count and head count per token tile");
   s.tile_limits = std::move(tile_limits);
+  s.tile_tokens = std::move(tile_tokens);
+  s.tile_heads = std::move(tile_heads);
   s.wide_max_pairs = wide_max_pairs;
   s.wide_max_pairs_window = wide_max_pairs_window;
   s.occupancy_max_cap_wide = occupancy_max_cap_wide;
@@ -744,6 +773,15 @@ std::string load_library(std::string library) {
       TORCH_CHECK_VALUE(limits.size() <= static_cast<size_t>(kMaxTiles), "muse shims: too many token tiles in ", table);
       std::unique_lock lock(s.mutex);
       s.tile_limits = limits;
+    } else if (kind == "tile_shapes") {   // tokens and heads per CTA of each tile, in pairs
+      std::vector<int64_t> tokens, heads;
+      for (int64_t t, h; words >> t >> h;) {
+        tokens.push_back(t);
+        heads.push_back(h);
+      }
+      std::unique_lock lock(s.mutex);
+      s.tile_tokens = tokens;
+      s.tile_heads = heads;
     } else if (kind == "wide") {
       std::unique_lock lock(s.mutex);
       words >> s.wide_max_pairs >> s.wide_max_pairs_window;
@@ -793,7 +831,7 @@ std::vector<int64_t> stats() {
 int64_t plan(std::string what, std::vector<int64_t> a) {   // the formulas, for the tests
   if (what == "k_split") return k_split(a.at(0));
   if (what == "workspace_bytes") return attn2_workspace_bytes(a.at(0), a.at(1), a.at(2), a.at(3));
-  if (what == "tile") return tile_index(a.at(0));
+  if (what == "tile") return tile_index(a.at(0), a.at(1));   // M, Hkv
   if (what == "wide") return wide_layout(a.at(0), a.at(1), a.at(2));
   if (what == "occupancy_cap") return occupancy_cap(a.at(0), a.at(1), a.at(2), a.at(3));   // ctas, cluster, SMs, max cap
   TORCH_CHECK_VALUE(false, "muse shims: no plan function ", what);
@@ -809,7 +847,7 @@ TORCH_LIBRARY(muse, m) {
         "Tensor(a!) kv_cache, *, str? backend=None) -> Tensor");
   m.def("attn2(Tensor y, Tensor kv_cache, Tensor page_table, Tensor seq_lens, Tensor(a!)? workspace=None, *, "
         "int q_len, int window, float scale, int max_seq_len, str? backend=None) -> Tensor");
-  m.def("_shims_configure(int[] tile_limits, int wide_max_pairs, int wide_max_pairs_window, int occupancy_max_cap_wide, "
+  m.def("_shims_configure(int[] tile_limits, int[] tile_tokens, int[] tile_heads, int wide_max_pairs, int wide_max_pairs_window, int occupancy_max_cap_wide, "
         "int occupancy_max_cap_deep, str libtvm_ffi) -> ()",
         &configure);
   m.def("_shims_add_qkv_front(int tile, bool rope, bool pos64, bool slot64, int function) -> ()",

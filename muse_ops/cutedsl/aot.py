@@ -49,11 +49,12 @@ def shims_table_path(library: Path) -> Path:
 def shims_table(entries: dict, max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS) -> str:
     """The table the C++ ops read when a program without Python loads the library
     (csrc_shims/muse_shims.cpp, `_shims_load_library`): the plan's decisions for every variant
-    held, as the C++ side looks them up (a token tile per M range; an attn2 variant per
-    deployment and layout)."""
+    held, as the C++ side looks them up (a token tile per M range, and each tile's tokens and
+    heads for wave_tile; an attn2 variant per deployment and layout)."""
     from . import attn2_plan, qkv_front_plan
-    lines = ["# muse_ops shims table 3: the plan's variants of " + LIBRARY_NAME,
+    lines = ["# muse_ops shims table 4: the plan's variants of " + LIBRARY_NAME,
              "tiles " + " ".join(str(limit) for limit, *_ in qkv_front_plan.TILES),
+             "tile_shapes " + " ".join(f"{t} {h}" for _, t, h, _ in qkv_front_plan.TILES),
              f"wide {attn2_plan.WIDE_MAX_PAIRS} {attn2_plan.WIDE_MAX_PAIRS_WINDOW}",
              f"occupancy {attn2_plan.OCCUPANCY_MAX_CAP['wide']} {attn2_plan.OCCUPANCY_MAX_CAP['deep']}"]
     tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(qkv_front_plan.TILES)}

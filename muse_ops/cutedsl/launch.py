@@ -93,7 +93,7 @@ def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_fl
     rope = cos_sin is not None
     over = dict(_cfg_override or {})
     split = over.pop("split", None) or k_split(kv_cache.shape[1])     # dev tools may force another split
-    cfg = qkv_front_launch_config(m, rope, positions.dtype, slots.dtype, over)
+    cfg = qkv_front_launch_config(m, kv_cache.shape[1], rope, positions.dtype, slots.dtype, over)
     fn = compile_qkv_front(cfg, _kernel=_kernel)
     if not _cfg_override and _kernel is None:
         shims.offer_qkv_front(cfg, fn)   # the C++ ops launch it from now on

@@ -19,6 +19,7 @@ K_TILE = 64                      # k columns per ring stage: one 128-byte swizzl
 K_TILES = HIDDEN // K_TILE       # 128
 SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
 MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_split)
+WAVE_TILES_ABOVE = 256           # at a K split of 1, launches of more tokens take wave_tile's tile
 SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB (barriers, indices, alignment)
 # The landing zone of the split-K sum (qkv_front.py's push_partial / reduce_and_store). Tokens are
 # owned in blocks of B = QkvFrontConfig.owner_block (8: an accumulator column group; 2 for tiles of
@@ -57,7 +58,9 @@ X_BOXES_MAX = 4
 # 192 up to 384 (two even tiles: M=300 37.0 against 41.1 for 256 + 44), 256 above. Tiles of 8
 # and 16 tokens take 4 K tiles a stage (fewer, longer wgmma groups: that main loop is otherwise
 # latency bound), 32 and 64 one (a ring of 8 one-tile stages: 0.5-0.7 us faster than 4 and 2
-# tiles a stage). Measured: bench/RESULTS.md.
+# tiles a stage). Measured: bench/RESULTS.md. At a K split of 1 (Hkv 4 to 7) a launch of more
+# than WAVE_TILES_ABOVE tokens takes one of the two-head tiles by its grid's waves instead
+# (tile_for, wave_tile).
 TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128, 1, 1), (192, 192, 1, 1),
          (256, 128, 2, 1), (384, 192, 2, 1), (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
@@ -209,25 +212,51 @@ class QkvFrontConfig:
         return cfg
 
 
-def tile_for(m: int) -> tuple[int, int, int]:
-    """(token tile, heads per CTA, K tiles per stage) of a launch of m tokens: on M alone."""
+def tile_for(m: int, kv_heads: int) -> tuple[int, int, int]:
+    """(token tile, heads per CTA, K tiles per stage) of a launch of m tokens at kv_heads: by M from
+    TILES, but at a K split of 1 (Hkv 4 to 7) above WAVE_TILES_ABOVE tokens by the grid's waves
+    (wave_tile). Either way every tile gives a token the same bits."""
+    if m > WAVE_TILES_ABOVE and k_split(kv_heads) == 1:
+        return wave_tile(m, kv_heads)
     for limit, tile, hpc, kps in TILES:
         if m <= limit:
             return tile, hpc, kps
     raise AssertionError(m)
 
 
+def wave_tile(m: int, kv_heads: int) -> tuple[int, int, int]:
+    """The two-head tile of TILES whose grid asks the least of an SM: its waves of SM_TARGET CTAs
+    (one an SM) times the tile's tokens, the larger tile on a tie. At a split of 1 each CTA runs the
+    whole K, so a grid of few CTAs leaves SMs idle (Hkv 4 M=512 in 256-token tiles: 72 CTAs on 132
+    SMs) and one just past a wave takes two. Measured at Hkv 4 (bench/RESULTS.md, twenty-seventh
+    run): M=384 76.7 -> 58.5 us (128 tokens), M=512 95.6 -> 78.1 (192), M=1024 191.7 -> 155.4
+    (192); M=768 keeps 256. A split of 2 or 3 is not given this rule: there the larger tiles won
+    in grids of many waves where the count alone picked the smaller (Hkv 16 M=512 308 against 288)."""
+    head_groups = heads(kv_heads) // 2
+    best = None
+    for _, tile, hpc, kps in TILES:
+        if hpc != 2:
+            continue
+        waves = -(-(-(-m // tile) * head_groups) // SM_TARGET)
+        cost = waves * tile
+        if best is None or cost < best[0] or (cost == best[0] and tile > best[1][0]):
+            best = (cost, (tile, hpc, kps))
+    return best[1]
+
+
 def _dtype_name(t) -> str:
     return str(t).replace("torch.", "")
 
 
-def launch_config(m: int, rope: bool, positions_dtype, slots_dtype, override: dict | None = None) -> QkvFrontConfig:
-    """The variant a launch of m tokens runs; override (dev tools, tests) forces a tile
+def launch_config(m: int, kv_heads: int, rope: bool, positions_dtype, slots_dtype,
+                  override: dict | None = None) -> QkvFrontConfig:
+    """The variant a launch of m tokens at kv_heads runs; override (dev tools, tests) forces a tile
     ("tile": (T, heads)) or another knob of the config."""
     if not override:   # every eager call asks: the table's variants are cached
-        return _default_config(*tile_for(m), bool(rope), _dtype_name(positions_dtype), _dtype_name(slots_dtype))
+        return _default_config(*tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
+                               _dtype_name(slots_dtype))
     over = dict(override)
-    tile, hpc, kps = tile_for(m)
+    tile, hpc, kps = tile_for(m, kv_heads)
     if "tile" in over:
         tile, hpc = over.pop("tile")
         kps = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1)

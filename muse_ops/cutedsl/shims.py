@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 ENV = "MUSE_OPS_SHIMS"
-ABI = 4     # muse_shims_abi in csrc_shims/muse_shims.cpp
+ABI = 5     # muse_shims_abi in csrc_shims/muse_shims.cpp
 LIBRARY_NAME = "libmuse_shims.so"
 SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -69,13 +69,18 @@ def load() -> bool:
             raise RuntimeError(f"built from other sources (no {marker.decode()} marker): rebuild it with "
                                "`python -m muse_ops build-shims`")
         torch.ops.load_library(str(path))
-        _configure("")
     except Exception as exc:  # noqa: BLE001  (reported, and the Python ops serve)
         _state["why"] = f"{path} failed to load ({type(exc).__name__}: {exc})"
         if named:
             raise RuntimeError(f"${ENV}={path}: {_state['why']}") from exc
         log.warning("muse_ops: the C++ ops are not used: %s", _state["why"])
         return False
+    try:
+        _configure("")
+    except Exception as exc:
+        # the library has defined the public schemas by now, so the Python ops cannot take over
+        raise RuntimeError(f"{path} loaded but did not accept the plan's tables ({type(exc).__name__}: "
+                           f"{exc}): rebuild it with `python -m muse_ops build-shims`, or set ${ENV}=0") from exc
     _state.update(loaded=True, path=path, why=f"{path}")
     return True
 
@@ -92,7 +97,9 @@ def status() -> str:
 def _configure(libtvm_ffi: str) -> None:
     """Hand the C++ side the plan's tables (and, once a variant is offered, TVM-FFI's library)."""
     from . import attn2_plan, qkv_front_plan
-    torch.ops.muse._shims_configure([limit for limit, *_ in qkv_front_plan.TILES], attn2_plan.WIDE_MAX_PAIRS,
+    tiles = qkv_front_plan.TILES
+    torch.ops.muse._shims_configure([limit for limit, *_ in tiles], [t for _, t, _, _ in tiles],
+                                    [h for _, _, h, _ in tiles], attn2_plan.WIDE_MAX_PAIRS,
                                     attn2_plan.WIDE_MAX_PAIRS_WINDOW, attn2_plan.OCCUPANCY_MAX_CAP["wide"],
                                     attn2_plan.OCCUPANCY_MAX_CAP["deep"], libtvm_ffi)
 
