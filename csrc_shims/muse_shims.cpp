@@ -369,7 +369,7 @@ int wave_tile_index(int64_t m, int64_t kv_heads) {   // qkv_front_plan.wave_tile
   const int64_t head_groups = (2 * kGroup + 2) * kv_heads / 2;
   int best = -1;
   int64_t best_cost = 0;
-  for (size_t i = 0; i < s.tile_tokens.size() && i < s.tile_heads.size(); ++i) {
+  for (size_t i = 0; i < s.tile_tokens.size(); ++i) {   // tile_heads has the same length
     if (s.tile_heads[i] != 2) continue;
     const int64_t tokens = s.tile_tokens[i];
     const int64_t ctas = (m + tokens - 1) / tokens * head_groups;

@@ -232,13 +232,12 @@ def wave_tile(m: int, kv_heads: int) -> tuple[int, int, int]:
     run): M=384 76.7 -> 58.5 us (128 tokens), M=512 95.6 -> 78.1 (192), M=1024 191.7 -> 155.4
     (192); M=768 keeps 256. A split of 2 or 3 is not given this rule: there the larger tiles won
     in grids of many waves where the count alone picked the smaller (Hkv 16 M=512 308 against 288)."""
-    head_groups = heads(kv_heads) // 2
     best = None
     for _, tile, hpc, kps in TILES:
         if hpc != 2:
             continue
-        waves = -(-(-(-m // tile) * head_groups) // SM_TARGET)
-        cost = waves * tile
+        ctas = -(-m // tile) * (heads(kv_heads) // hpc)   # token tiles x head groups
+        cost = -(-ctas // SM_TARGET) * tile                # waves x tokens
         if best is None or cost < best[0] or (cost == best[0] and tile > best[1][0]):
             best = (cost, (tile, hpc, kps))
     return best[1]

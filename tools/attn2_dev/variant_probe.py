@@ -84,8 +84,9 @@ def precompile(probe):
         for qo, ao in vs.values():
             cfgs = []
             if qo != "skip":
-                cfgs.append(("qkv_front", QP.launch_config(a.batch * a.q_len, a.kv_heads, LY.layer_case(spec).config.rope,
-                                                           torch.int64, torch.int64, qo)))
+                cfgs.append(("qkv_front", QP.launch_config(a.batch * a.q_len, a.kv_heads,
+                                                           LY.layer_case(spec).config.rope, torch.int64,
+                                                           torch.int64, qo)))
             if ao != "skip":
                 cfgs.append(("attn2", P.launch_config(a.batch, a.kv_heads, a.q_len, a.window, a.max_seq_len,
                                                        ao, SM)))
