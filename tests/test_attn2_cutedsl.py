@@ -247,21 +247,26 @@ def test_graph_replay():
     assert counters_zero(A, ws, R, hkv, q_len, window, msl)
 
 
-def test_pdl_chain_shares_workspace():
-    """Back-to-back launches sharing one workspace and error flag, eager and in one CUDA graph: a
-    single request near L=8192 at Hkv 2 runs 128 wide CTAs, at most one per SM, so each launch
-    lets the next one launch early (PDL trigger after its main loop); the next must still see
-    the counters reset and write only its own rows. Every call's output against float64."""
+@pytest.mark.parametrize("requests", [1, 5, 16])
+def test_pdl_chain_shares_workspace(requests):
+    """Back-to-back launches sharing one workspace and error flag, eager and in one CUDA graph,
+    in grids that trigger their dependent launch after the main loop (so each launch lets the
+    next one launch early): one request near L=8192 at Hkv 2 (128 wide CTAs, at most one per SM),
+    five (10 pairs, 320 wide CTAs: more than QUIET_WIDE_PAIRS) and sixteen (deep). The next launch
+    must still see the counters reset and write only its own rows. Every call's output against
+    float64."""
     A = _kernel()
     q_len, window, hkv, msl = 8, 0, 2, 8192
-    cfg = A.launch_config(1, hkv, q_len, window, msl)
+    cfg = A.launch_config(requests, hkv, q_len, window, msl)
     steps = -(-msl // PAGE_SIZE // cfg.pages_per_step)
-    assert hkv * A.split_plan(steps)[1] <= A.wave_ctas("cuda"), "the chain would not trigger"
-    calls = [make_case([msl - 37 * k], hkv, q_len, seed=40 + k) for k in range(4)]
+    assert attn2_plan.triggers_dependents(cfg.layout, requests * hkv, A.split_plan(steps)[1], A.wave_ctas("cuda")), \
+        "the chain would not trigger"
+    calls = [make_case([msl - 37 * k - 11 * r for r in range(requests)], hkv, q_len, seed=40 + k) for k in range(4)]
     refs = [attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
             for (y, cache, pt, seq) in calls]
-    outs = [torch.empty(q_len, GROUP * hkv * HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in calls]
-    ws = torch.zeros(A.workspace_bytes(1, hkv, q_len, window, msl), dtype=torch.uint8, device="cuda")
+    outs = [torch.empty(q_len * requests, GROUP * hkv * HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+            for _ in calls]
+    ws = torch.zeros(A.workspace_bytes(requests, hkv, q_len, window, msl), dtype=torch.uint8, device="cuda")
     err = torch.zeros(1, dtype=torch.int32, device="cuda")
     kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl)
 
@@ -283,7 +288,7 @@ def test_pdl_chain_shares_workspace():
             nbad, mx, mean = check_close(out, ref)
             assert nbad == 0 and mean <= 2e-3, (run, k, nbad, mx, mean)
     assert int(err.item()) == 0
-    assert counters_zero(A, ws, 1, hkv, q_len, window, msl)
+    assert counters_zero(A, ws, requests, hkv, q_len, window, msl)
 
 
 @pytest.mark.parametrize("early_ring", [False, True])

@@ -45,10 +45,12 @@ request whatever the batch; docs/DESIGN.md section 11):
   writes, and every write wait for it. So the kernel right before attn2 must not write seq_lens,
   the page table or those older rows after triggering its dependents early: qkv_front (which
   inserts positions L - q_len .. L - 1) and attn2 do not, and a kernel that does not trigger
-  early has finished before attn2 starts. A wide grid of at most one working CTA per SM
-  triggers its dependent launch after the main loop, so the next kernel's launch overlaps our
-  merges when it is launched with PDL too; other grids do not trigger (the next grid's early
-  CTAs took SM slots from ours, measured) and the next kernel launches as our CTAs exit.
+  early has finished before attn2 starts. A CTA triggers its dependent launch after its main
+  loop, so the next kernel's launch overlaps our merges when it is launched with PDL too: in
+  every deep grid and every wide grid of more than attn2_plan.QUIET_WIDE_PAIRS pairs, and in a
+  wide grid of fewer pairs only where it has at most one working CTA per SM (there the next
+  layer's weight stream slowed our tail merges more than it gained, measured); a grid that does
+  not trigger lets the next kernel launch as our CTAs exit.
 - Occupancy caps (attn2_plan.occupancy_cap): behind qkv_front, which triggers after its main
   loop while its CTAs still hold 108 of the 132 SMs (Hkv 2), the block scheduler would put the
   grid's early CTAs five (deep: four) to an SM on the 24 SMs left free. A variant with
@@ -133,7 +135,8 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_PAGE, BAD_SEQ_LEN
 from . import runtime
-from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, SUB_CHUNKS, THREADS, WIDE_MAX_PAIRS,  # noqa: F401
+from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_PAIRS, SUB_CHUNKS, THREADS,  # noqa: F401
+                         WIDE_MAX_PAIRS,
                          WIDE_MAX_PAIRS_WINDOW, WINDOW_SUB_CHUNKS,
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
@@ -883,13 +886,17 @@ class Attn2Sm90:
     def trigger_dependents(self, num_requests: Int32, kv_heads: Int32, n_chunks: Int32, ctas_per_wave: Int32):
         """PDL trigger, after the main loop: the next grid in the stream may launch now and wait
         in its griddepcontrol.wait (it reads nothing of ours before our grid is done), so its
-        launch overlaps our merges. Only in wide grids of at most one working CTA per SM
-        (estimated from this request's L): there the next grid's early CTAs take no SM slot that
-        ours need. Measured (bench/RESULTS-archive.md, seventh run): faster at B=1 (L=8192 7.64
-        against 8.28 us; L=512), mixed at B=8 L=2048, slower at B=4 L=16384 (1024 CTAs) and in
-        deep grids (fifth run)."""
-        if const_expr(self.wide and self.cfg.pdl):
-            if num_requests * kv_heads * n_chunks <= ctas_per_wave:
+        launch and prologue (the next layer's weight stream, for qkv_front) overlap our merges.
+        Every deep grid and every wide grid of more than QUIET_WIDE_PAIRS pairs triggers; a wide
+        grid of fewer pairs only where it has at most one working CTA per SM (estimated from this
+        request's L), so that the next grid's early CTAs take no SM slot that ours need. Why these
+        grids: attn2_plan, QUIET_WIDE_PAIRS (measured in a stack of layers)."""
+        if const_expr(self.cfg.pdl):
+            if const_expr(self.wide):
+                pairs = num_requests * kv_heads
+                if pairs > QUIET_WIDE_PAIRS or pairs * n_chunks <= ctas_per_wave:
+                    cute.arch.griddepcontrol_launch_dependents()
+            else:
                 cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit

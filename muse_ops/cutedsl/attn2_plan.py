@@ -43,6 +43,20 @@ WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head)
                        # 21.4 at L=4096, but 46.6 against 42.8 at L=16384)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
 
+# When attn2 triggers its dependent launch (attn2.py, trigger_dependents): after its main loop,
+# so the next kernel (the next layer's qkv_front in a stack) launches while our merges run and
+# streams its weight into the SMs our CTAs leave. Every deep grid and every wide grid of more than
+# QUIET_WIDE_PAIRS (request, KV head) pairs does; a wide grid of fewer pairs only where it has at
+# most one working CTA per SM. Measured on the H200 (bench/RESULTS.md, twenty-eighth run; a
+# layer step after a layer step, graph replay, us, Hkv 2 unless named, without -> with the
+# trigger): wide B=5 L=8192 27.5 -> 25.8, B=6 30.2 -> 27.5, B=8 31.4 -> 29.8, B=12 44.0 -> 42.9,
+# B=8 L=2048 24.5 -> 22.2, B=16 W=2048 31.5 -> 29.6, B=1 L=8192 Hkv 16 92.7 -> 91.3; deep B=16
+# 50.9 -> 48.6, B=32 64.6 -> 62.3, B=64 110.2 -> 108.9, B=128 218.9 -> 216.9, B=64 W=2048 62.8 ->
+# 61.1; but wide B=3 L=8192 23.9 -> 25.8, B=4 25.5 -> 26.2 and B=4 L=16384 30.9 -> 31.3 (six and
+# eight pairs of 192-512 CTAs: there our grid's tail merges are the longer part, and the
+# weight stream beside them slows them more than it gains).
+QUIET_WIDE_PAIRS = 8
+
 # Occupancy caps (occupancy_cap). qkv_front triggers its dependent launch after its main loop,
 # so attn2's grid launches while qkv_front's CTAs (one per SM, 108 of 132 at Hkv 2) still hold
 # their SMs: the block scheduler places as many attn2 CTAs as fit on the SMs left free, 5 to an
@@ -362,6 +376,13 @@ def ci_variants(max_seq_lens=(2048, 32768, 262144)) -> list["Attn2Config"]:
     deployments, every layout."""
     return [cfg for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for msl in max_seq_lens
             for cfg in deployment_variants(2, q_len, window, msl)]
+
+
+def triggers_dependents(layout: str, pairs: int, n_chunks: int, wave: int) -> bool:
+    """Whether a launch of `pairs` (request, KV head) pairs whose requests have n_chunks chunks
+    triggers its dependent launch after the main loop, as attn2.py's trigger_dependents decides
+    it on its run-time integers (wave: wave_ctas). See QUIET_WIDE_PAIRS."""
+    return layout != "wide" or pairs > QUIET_WIDE_PAIRS or pairs * n_chunks <= wave
 
 
 def wave_ctas(device) -> int:
