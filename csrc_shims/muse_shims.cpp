@@ -40,6 +40,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -60,7 +61,7 @@
 // The interface version muse_ops/cutedsl/shims.py expects: it reads this marker from the file
 // before loading it, so a library built from older sources is never loaded (bump on any change of
 // the ops below or of what Python calls).
-extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=5;";
+extern "C" __attribute__((used, visibility("default"))) const char muse_shims_abi[] = "muse_shims_abi=6;";
 
 namespace muse_shims {
 namespace {
@@ -76,6 +77,9 @@ constexpr int64_t kProjColsPerKvHead = (2 * kGroup + 2) * kHeadDim;   // 1152
 constexpr int64_t kSmTarget = 132;      // qkv_front_plan.SM_TARGET
 constexpr int64_t kMaxKSplit = 3;       // qkv_front_plan.MAX_K_SPLIT
 constexpr int64_t kWaveTilesAbove = 256;   // qkv_front_plan.WAVE_TILES_ABOVE
+constexpr int64_t kTileFixedTokens = 48;   // qkv_front_plan.TILE_FIXED_TOKENS
+constexpr int64_t kL2ResidentBytes = 50ll << 20;   // qkv_front_plan.L2_RESIDENT_BYTES
+constexpr int64_t kL2CostTenths = 11;      // qkv_front_plan.L2_COST_TENTHS
 constexpr int64_t kSubChunks = 8;       // attn2_plan.SUB_CHUNKS (arrival counters per pair)
 
 enum Op { kQkvFront = 0, kAttn2 = 1 };
@@ -366,14 +370,17 @@ int64_t attn2_workspace_bytes(int64_t requests, int64_t kv_heads, int64_t slots,
 
 int wave_tile_index(int64_t m, int64_t kv_heads) {   // qkv_front_plan.wave_tile
   const State& s = state();
-  const int64_t head_groups = (2 * kGroup + 2) * kv_heads / 2;
+  const int64_t heads = (2 * kGroup + 2) * kv_heads;
+  const int64_t split = k_split(kv_heads);
+  const bool weight_fits_l2 = heads * kHeadDim * kHidden * 2 <= kL2ResidentBytes;
   int best = -1;
   int64_t best_cost = 0;
   for (size_t i = 0; i < s.tile_tokens.size(); ++i) {   // tile_heads has the same length
     if (s.tile_heads[i] != 2) continue;
     const int64_t tokens = s.tile_tokens[i];
-    const int64_t ctas = (m + tokens - 1) / tokens * head_groups;
-    const int64_t cost = (ctas + kSmTarget - 1) / kSmTarget * tokens;
+    const int64_t ctas = (m + tokens - 1) / tokens * (heads / 2) * split;
+    int64_t cost = (ctas + kSmTarget - 1) / kSmTarget * (tokens + kTileFixedTokens) * 10 * kSmTarget;
+    if (weight_fits_l2) cost = std::max(cost, kL2CostTenths * ctas * (2 * kHeadDim + tokens));
     if (best < 0 || cost < best_cost || (cost == best_cost && tokens > s.tile_tokens[best])) {
       best = static_cast<int>(i);
       best_cost = cost;
@@ -383,7 +390,7 @@ int wave_tile_index(int64_t m, int64_t kv_heads) {   // qkv_front_plan.wave_tile
 }
 
 int tile_index(int64_t m, int64_t kv_heads) {   // qkv_front_plan.tile_for, by the tables Python registered
-  if (m > kWaveTilesAbove && k_split(kv_heads) == 1) {
+  if (m > kWaveTilesAbove) {
     const int wave = wave_tile_index(m, kv_heads);
     if (wave >= 0) return wave;
   }

@@ -29,7 +29,7 @@ def test_shims_plan_formulas_match_the_plan_modules():
     plan = torch.ops.muse._shims_plan
     for kv_heads in range(1, 300):
         assert plan("k_split", [kv_heads]) == qkv_front_plan.k_split(kv_heads), kv_heads
-    for kv_heads in (1, 2, 3, 4, 5, 7, 8, 16):   # K splits 3, 3, 2, 1 (wave_tile above 256 tokens), 1, 1, 2, 2
+    for kv_heads in (1, 2, 3, 4, 5, 7, 8, 16):   # K splits 3, 3, 2, 1, 1, 1, 2, 2 (wave_tile above 256 tokens)
         for m in list(range(1, 1100)) + [4096, 1 << 20]:
             tile = qkv_front_plan.tile_for(m, kv_heads)
             index = next(i for i, (_, t, h, k) in enumerate(qkv_front_plan.TILES) if (t, h, k) == tile)

@@ -19,7 +19,13 @@ K_TILE = 64                      # k columns per ring stage: one 128-byte swizzl
 K_TILES = HIDDEN // K_TILE       # 128
 SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
 MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_split)
-WAVE_TILES_ABOVE = 256           # at a K split of 1, launches of more tokens take wave_tile's tile
+WAVE_TILES_ABOVE = 256           # launches of more tokens take wave_tile's two-head tile
+# wave_tile's cost of a grid, in tokens of work an SM does (fitted to the 26 rows measured at Hkv
+# 1, 2, 4, 6, 8 and 16 from 300 to 1300 tokens, bench/RESULTS.md twenty-seventh and twenty-eighth
+# runs; it picks the fastest tile in every row, and so does any fixed cost from 32 to 56 tokens):
+TILE_FIXED_TOKENS = 48           # a CTA's fixed cost (ring fill, split-K sum, epilogue) in tokens of its tile
+L2_RESIDENT_BYTES = 50 * 2**20   # the H100 / H200 L2: a weight of at most this streams from it...
+L2_COST_TENTHS = 11              # ...and a grid then costs at least 1.1 x (its CTAs / SM_TARGET) x a CTA's rows
 SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB (barriers, indices, alignment)
 # The landing zone of the split-K sum (qkv_front.py's push_partial / reduce_and_store). Tokens are
 # owned in blocks of B = QkvFrontConfig.owner_block (8: an accumulator column group; 2 for tiles of
@@ -54,13 +60,13 @@ X_BOXES_MAX = 4
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once (M=192: 22.8 us
 # against 25.8 for two 128-token tiles of two heads). Above that a CTA computes two heads, so x
-# is read from L2 half as often (the large-M cases are L2-bandwidth bound): 128 tokens up to 256,
-# 192 up to 384 (two even tiles: M=300 37.0 against 41.1 for 256 + 44), 256 above. Tiles of 8
+# is read from L2 half as often (the large-M cases are L2-bandwidth bound): 128 tokens up to 256.
+# Above WAVE_TILES_ABOVE tokens a launch takes the two-head tile of 128, 192 or 256 tokens that
+# wave_tile's cost picks (so the last two rows' limits only name those tiles; M=300 at Hkv 2:
+# 192 tokens, 37.0 us against 41.1 for 256 + 44). Tiles of 8
 # and 16 tokens take 4 K tiles a stage (fewer, longer wgmma groups: that main loop is otherwise
 # latency bound), 32 and 64 one (a ring of 8 one-tile stages: 0.5-0.7 us faster than 4 and 2
-# tiles a stage). Measured: bench/RESULTS.md. At a K split of 1 (Hkv 4 to 7) a launch of more
-# than WAVE_TILES_ABOVE tokens takes one of the two-head tiles by its grid's waves instead
-# (tile_for, wave_tile).
+# tiles a stage). Measured: bench/RESULTS.md.
 TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128, 1, 1), (192, 192, 1, 1),
          (256, 128, 2, 1), (384, 192, 2, 1), (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
@@ -214,9 +220,9 @@ class QkvFrontConfig:
 
 def tile_for(m: int, kv_heads: int) -> tuple[int, int, int]:
     """(token tile, heads per CTA, K tiles per stage) of a launch of m tokens at kv_heads: by M from
-    TILES, but at a K split of 1 (Hkv 4 to 7) above WAVE_TILES_ABOVE tokens by the grid's waves
-    (wave_tile). Either way every tile gives a token the same bits."""
-    if m > WAVE_TILES_ABOVE and k_split(kv_heads) == 1:
+    TILES up to WAVE_TILES_ABOVE tokens, above by the grid's cost (wave_tile). Either way every
+    tile gives a token the same bits."""
+    if m > WAVE_TILES_ABOVE:
         return wave_tile(m, kv_heads)
     for limit, tile, hpc, kps in TILES:
         if m <= limit:
@@ -224,20 +230,33 @@ def tile_for(m: int, kv_heads: int) -> tuple[int, int, int]:
     raise AssertionError(m)
 
 
+def weight_fits_l2(kv_heads: int) -> bool:
+    """Whether the projection's weight (heads x 64 rows of HIDDEN bf16) fits L2_RESIDENT_BYTES
+    (Hkv 1 and 2: 19 and 38 MB)."""
+    return heads(kv_heads) * HEAD_DIM * HIDDEN * 2 <= L2_RESIDENT_BYTES
+
+
 def wave_tile(m: int, kv_heads: int) -> tuple[int, int, int]:
-    """The two-head tile of TILES whose grid asks the least of an SM: its waves of SM_TARGET CTAs
-    (one an SM) times the tile's tokens, the larger tile on a tie. At a split of 1 each CTA runs the
-    whole K, so a grid of few CTAs leaves SMs idle (Hkv 4 M=512 in 256-token tiles: 72 CTAs on 132
-    SMs) and one just past a wave takes two. Measured at Hkv 4 (bench/RESULTS.md, twenty-seventh
-    run): M=384 76.7 -> 58.5 us (128 tokens), M=512 95.6 -> 78.1 (192), M=1024 191.7 -> 155.4
-    (192); M=768 keeps 256. A split of 2 or 3 is not given this rule: there the larger tiles won
-    in grids of many waves where the count alone picked the smaller (Hkv 16 M=512 308 against 288)."""
+    """The two-head tile of TILES whose grid costs the least, the larger tile on a tie. A grid of
+    C CTAs (token tiles x head groups x the K split) runs in ceil(C / SM_TARGET) waves of one CTA
+    an SM, and a wave costs its tile's tokens plus TILE_FIXED_TOKENS. Where the weight fits the L2
+    the grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x (the CTA's 128 weight rows
+    + its tokens): its operands then all stream from the L2, and many small tiles are bound by
+    that traffic (Hkv 2 M=832: three waves of 128 tokens 87.9 us, two of 256 74.1). The cost is
+    computed in integers (x 10 SM_TARGET), as the C++ ops compute it. Measured
+    (bench/RESULTS.md, twenty-seventh and twenty-eighth runs): it picks the fastest of the three
+    tiles in all 26 rows measured (e.g. Hkv 2 M=768 73.5 -> 61.5 us with 192 tokens, Hkv 1 M=448
+    35.1 -> 22.3 with 128, Hkv 16 M=1300 810.7 -> 750.9 with 192; where the table picked 256 above
+    384 tokens), and keeps 256 at Hkv 2 M=512 and 1024."""
+    split, groups = k_split(kv_heads), heads(kv_heads) // 2
     best = None
     for _, tile, hpc, kps in TILES:
         if hpc != 2:
             continue
-        ctas = -(-m // tile) * (heads(kv_heads) // hpc)   # token tiles x head groups
-        cost = -(-ctas // SM_TARGET) * tile                # waves x tokens
+        ctas = -(-m // tile) * groups * split
+        cost = -(-ctas // SM_TARGET) * (tile + TILE_FIXED_TOKENS) * 10 * SM_TARGET   # waves x (tokens + fixed)
+        if weight_fits_l2(kv_heads):
+            cost = max(cost, L2_COST_TENTHS * ctas * (hpc * HEAD_DIM + tile))          # the L2's traffic
         if best is None or cost < best[0] or (cost == best[0] and tile > best[1][0]):
             best = (cost, (tile, hpc, kps))
     return best[1]

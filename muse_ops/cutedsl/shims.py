@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 ENV = "MUSE_OPS_SHIMS"
-ABI = 5     # muse_shims_abi in csrc_shims/muse_shims.cpp
+ABI = 6     # muse_shims_abi in csrc_shims/muse_shims.cpp
 LIBRARY_NAME = "libmuse_shims.so"
 SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
