@@ -48,9 +48,9 @@ request whatever the batch; docs/DESIGN.md section 11):
   early has finished before attn2 starts. A CTA triggers its dependent launch after its main
   loop, so the next kernel's launch overlaps our merges when it is launched with PDL too: in
   every deep grid and every wide grid of more than attn2_plan.QUIET_WIDE_PAIRS pairs, and in a
-  wide grid of fewer pairs only where it has at most one working CTA per SM (there the next
-  layer's weight stream slowed our tail merges more than it gained, measured); a grid that does
-  not trigger lets the next kernel launch as our CTAs exit.
+  wide grid of fewer pairs only where it has at most one working CTA per SM (the others of
+  fewer pairs measured slower with the trigger); a grid that does not trigger lets the next
+  kernel launch as our CTAs exit.
 - Occupancy caps (attn2_plan.occupancy_cap): behind qkv_front, which triggers after its main
   loop while its CTAs still hold 108 of the 132 SMs (Hkv 2), the block scheduler would put the
   grid's early CTAs five (deep: four) to an SM on the 24 SMs left free. A variant with

@@ -53,8 +53,8 @@ WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
 # B=8 L=2048 24.5 -> 22.2, B=16 W=2048 31.5 -> 29.6, B=1 L=8192 Hkv 16 92.7 -> 91.3; deep B=16
 # 50.9 -> 48.6, B=32 64.6 -> 62.3, B=64 110.2 -> 108.9, B=128 218.9 -> 216.9, B=64 W=2048 62.8 ->
 # 61.1; but wide B=3 L=8192 23.9 -> 25.8, B=4 25.5 -> 26.2 and B=4 L=16384 30.9 -> 31.3 (six and
-# eight pairs of 192-512 CTAs: there our grid's tail merges are the longer part, and the
-# weight stream beside them slows them more than it gains).
+# eight pairs, 192-512 CTAs; why those lose was not measured). The CTA count does not separate
+# the two groups (B=8 L=2048 and B=4 L=8192 both run 256 CTAs), the pair count does.
 QUIET_WIDE_PAIRS = 8
 
 # Occupancy caps (occupancy_cap). qkv_front triggers its dependent launch after its main loop,
