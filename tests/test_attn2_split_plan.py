@@ -90,3 +90,16 @@ def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
                     # a third ring stage where a cap of 1 or 2 reserves the room for it (every
                     # deployment up to MAX_SEQ_LEN), two elsewhere
                     assert cfg.stages == (3 if cfg.ctas_per_sm in (1, 2) else 2), cfg
+
+
+def test_trigger_rule_on_the_measured_grids():
+    """Which launches trigger their dependent launch after the main loop (triggers_dependents, as
+    the kernel decides it), on the grids the twenty-eighth run measured in a layer step (Hkv 2,
+    L = 8192, 132 SMs): B = 1 and 2 (one working CTA an SM) and B >= 5 trigger; B = 3 and 4 (6
+    and 8 pairs, 2-3 CTAs an SM), which measured slower with it, do not; nor does Hkv 4 at B = 2."""
+    def triggers(requests, kv_heads, length=8192):
+        layout = A.choose_layout(requests, kv_heads, 0)
+        steps = -(-length // (16 * 4))
+        return A.triggers_dependents(layout, requests * kv_heads, A.split_plan(steps)[1], 132)
+    assert [b for b in range(1, 33) if not triggers(b, 2)] == [3, 4]
+    assert not triggers(4, 2, 16384) and not triggers(2, 4) and triggers(1, 4) and triggers(1, 16)
