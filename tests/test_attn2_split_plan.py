@@ -2,6 +2,7 @@
 maxima that size its grid, workspace and shared memory. No cutlass needed: plain Python."""
 import pytest
 
+from muse_ops.config import PAGE_SIZE
 from muse_ops.cutedsl import attn2_plan as A   # the host side: no cutlass import
 
 
@@ -98,8 +99,8 @@ def test_trigger_rule_on_the_measured_grids():
     L = 8192, 132 SMs): B = 1 and 2 (one working CTA an SM) and B >= 5 trigger; B = 3 and 4 (6
     and 8 pairs, 2-3 CTAs an SM), which measured slower with it, do not; nor does Hkv 4 at B = 2."""
     def triggers(requests, kv_heads, length=8192):
-        layout = A.choose_layout(requests, kv_heads, 0)
-        steps = -(-length // (16 * 4))
-        return A.triggers_dependents(layout, requests * kv_heads, A.split_plan(steps)[1], 132)
+        cfg = A.launch_config(requests, kv_heads, 8, 0, length, sm_count=132)
+        steps = -(-length // PAGE_SIZE // cfg.pages_per_step)
+        return A.triggers_dependents(cfg.layout, requests * kv_heads, A.split_plan(steps)[1], 132)
     assert [b for b in range(1, 33) if not triggers(b, 2)] == [3, 4]
     assert not triggers(4, 2, 16384) and not triggers(2, 4) and triggers(1, 4) and triggers(1, 16)

@@ -248,14 +248,14 @@ def wave_tile(m: int, kv_heads: int) -> tuple[int, int, int]:
     tiles in all 26 rows measured (e.g. Hkv 2 M=768 73.5 -> 61.5 us with 192 tokens, Hkv 1 M=448
     35.1 -> 22.3 with 128, Hkv 16 M=1300 810.7 -> 750.9 with 192; where the table picked 256 above
     384 tokens), and keeps 256 at Hkv 2 M=512 and 1024."""
-    split, groups = k_split(kv_heads), heads(kv_heads) // 2
+    split, groups, l2_bound = k_split(kv_heads), heads(kv_heads) // 2, weight_fits_l2(kv_heads)
     best = None
     for _, tile, hpc, kps in TILES:
         if hpc != 2:
             continue
         ctas = -(-m // tile) * groups * split
         cost = -(-ctas // SM_TARGET) * (tile + TILE_FIXED_TOKENS) * 10 * SM_TARGET   # waves x (tokens + fixed)
-        if weight_fits_l2(kv_heads):
+        if l2_bound:
             cost = max(cost, L2_COST_TENTHS * ctas * (hpc * HEAD_DIM + tile))          # the L2's traffic
         if best is None or cost < best[0] or (cost == best[0] and tile > best[1][0]):
             best = (cost, (tile, hpc, kps))

@@ -1,5 +1,5 @@
 """A small qkv_front case of each variant family for compute-sanitizer (memcheck, racecheck,
-synccheck): M = 3 (8-token tile), 40 (64), 100 (128, one head a CTA), 300 (256, two heads), each
+synccheck): M = 3 (8-token tile), 40 (64), 100 (128, one head a CTA), 300 (192, two heads), each
 checked against float64; RoPE on, padding slots, Hkv 2 and 1 (3-CTA split-K clusters), and M = 40
 at Hkv 8 (2-CTA clusters, 288 CTAs)."""
 import os
