@@ -296,7 +296,7 @@ def test_pdl_chain_shares_workspace(requests):
                                                   ("deep", 1, 0)])
 def test_chain_reads_new_rows_after_the_insert(layout, q_len, window, early_ring):
     """qkv_front then attn2 back to back in a CUDA graph, so attn2's CTAs start under qkv_front's
-    epilogue (PDL, qkv_front triggers after its main loop; eager launches are too far apart to
+    last stages and epilogue (PDL, qkv_front triggers at its last load; eager launches are too far apart to
     overlap): the new tokens' cache rows are NaN until qkv_front's insert, so an attn2 that read
     any of them before the wait would give NaN. Its output must match the float64 attention over
     the y and the cache the step leaves, with and without the ring prologue's old rows before the

@@ -50,12 +50,19 @@ INDEX_DTYPES = ("int32", "int64")
 X_BOX_MIN_ROWS = 16
 X_BOXES_MAX = 4
 
-# Every variant triggers the dependent launch after its main loop (the next kernel, attn2 in a
-# layer, launches while this one's epilogue runs). Up to the twenty-first run only tiles of up to
-# 16 tokens did: from 64 tokens the early attn2 CTAs packed four or five to an SM onto the SMs this
-# grid leaves free (a layer at B=16 took 73.7 us against 52.6 without the trigger). With attn2's
-# occupancy caps at every M (attn2_plan.occupancy_cap) a layer step with the trigger is faster at
-# every measured batch from B=6 to B=128 and ties at B=64 (bench/RESULTS.md, twenty-second run).
+# Every variant triggers the dependent launch early (the next kernel, attn2 in a layer, launches
+# while this one finishes). Up to the twenty-first run only tiles of up to 16 tokens did: from 64
+# tokens the early attn2 CTAs packed four or five to an SM onto the SMs this grid leaves free (a
+# layer at B=16 took 73.7 us against 52.6 without the trigger). With attn2's occupancy caps at
+# every M (attn2_plan.occupancy_cap) a layer step with the trigger is faster at every measured
+# batch from B=6 to B=128 and ties at B=64 (bench/RESULTS.md, twenty-second run). Where: tiles of
+# up to TRIGGER_AT_LAST_LOAD_TILE tokens trigger once the producer has issued its last load, larger
+# ones after the main loop. In the twenty-ninth run's stack of layers the trigger at the last load
+# was faster or the same in all 17 rows (Hkv 4 B=1 32.7 -> 30.8 us, B=3 22.7 -> 22.2, decode B=1
+# 19.0 -> 18.7) and qkv_front alone at M <= 16 0.25-0.5 us faster (M=1 11.55 -> 11.02), but from
+# 256 tokens alone (back-to-back calls) slower (Hkv 2 M=1024 79.0 -> 84.0, Hkv 16 M=256 169.8 ->
+# 183.8) and no faster in the stack, so large tiles keep the trigger after the main loop.
+TRIGGER_AT_LAST_LOAD_TILE = 64
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once (M=192: 22.8 us
@@ -182,7 +189,7 @@ class QkvFrontConfig:
     k_tiles_per_stage: int = 1   # 64-column K tiles per ring stage (one barrier and wgmma group per stage)
     mma_lag: int = 1      # wgmma groups left in flight when a stage is released (0: released at once)
     pdl: bool = True      # programmatic dependent launch: only weight loads before griddepcontrol.wait
-    trigger: bool = True  # let the next kernel on the stream launch after the main loop
+    trigger: bool = True  # let the next kernel on the stream launch early (see TRIGGER_AT_LAST_LOAD_TILE)
     epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
     owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
 
