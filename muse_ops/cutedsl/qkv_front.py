@@ -58,9 +58,10 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
 - PDL: before griddepcontrol.wait a CTA only initialises its barriers and loads weights (no kernel
   writes them inside a step); every thread waits before it touches x, positions, slots, cos_sin,
   y or the cache. A CTA triggers the dependent launch once its producer has issued its last load
-  (tiles of up to 64 tokens) or after its main loop (larger tiles), so the next kernel's
-  prologue (attn2's) overlaps this one's last stages or its epilogue; attn2's occupancy caps keep its early CTAs
-  from crowding the SMs this grid leaves free (qkv_front_plan, the trigger's comment).
+  (tiles of up to 64 tokens) or after its main loop (larger tiles; QkvFrontConfig.trigger_point),
+  so the next kernel's prologue (attn2's) overlaps this one's last stages or its epilogue;
+  attn2's occupancy caps keep its early CTAs from crowding the SMs this grid leaves free
+  (qkv_front_plan, the trigger's comment).
 
 Measurements: bench/RESULTS.md.
 """
@@ -78,8 +79,7 @@ from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import add_rn, fma_rn, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32x2
-from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, TRIGGER_AT_LAST_LOAD_TILE, X_BOX_MIN_ROWS,  # noqa: F401
-                             QkvFrontConfig,
+from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, X_BOX_MIN_ROWS, QkvFrontConfig,  # noqa: F401
                              ci_variants, deployment_variants, k_split, landing_offset, landing_slab,
                              landing_slab_floats, launch_config, owned_token)
 
@@ -218,7 +218,7 @@ class QkvFrontSm90:
             self.rings_drained()
         else:
             acc = self.consume(sW, sX, full, empty, n_k, warp // 4, tidx % 128)
-            if const_expr(self.cfg.pdl and self.cfg.trigger and self.token_tile > TRIGGER_AT_LAST_LOAD_TILE):
+            if const_expr(self.cfg.trigger_point == "main_loop"):
                 cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
             self.rings_drained()
             self.push_partial(acc, sL, warp // 4, tidx % 128, rank, split)
@@ -301,7 +301,7 @@ class QkvFrontSm90:
                                   tWs[None, (s * tiles_per_stage + j) * heads + h],
                                   tma_bar_ptr=full + s)
                     self.load_x(tma_x, tXs, tXg, boxes, whole, tile, kt, s * tiles_per_stage + j, full + s)
-        if const_expr(self.cfg.pdl and self.cfg.trigger and self.token_tile <= TRIGGER_AT_LAST_LOAD_TILE):
+        if const_expr(self.cfg.trigger_point == "last_load"):
             # every load of this CTA is issued: the next kernel may launch and run its prologue
             # while the ring drains (qkv_front_plan, the trigger's comment)
             cute.arch.griddepcontrol_launch_dependents()

@@ -189,7 +189,7 @@ class QkvFrontConfig:
     k_tiles_per_stage: int = 1   # 64-column K tiles per ring stage (one barrier and wgmma group per stage)
     mma_lag: int = 1      # wgmma groups left in flight when a stage is released (0: released at once)
     pdl: bool = True      # programmatic dependent launch: only weight loads before griddepcontrol.wait
-    trigger: bool = True  # let the next kernel on the stream launch early (see TRIGGER_AT_LAST_LOAD_TILE)
+    trigger: bool = True  # let the next kernel on the stream launch early (trigger_point)
     epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
     owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
 
@@ -200,6 +200,15 @@ class QkvFrontConfig:
     @property
     def x_part_boxes(self) -> tuple[int, ...]:
         return x_part_boxes(self.token_tile)
+
+    @property
+    def trigger_point(self) -> str | None:
+        """Where a CTA triggers the dependent launch: "last_load" (the producer, once its last load
+        is issued: tiles of up to TRIGGER_AT_LAST_LOAD_TILE tokens), "main_loop" (the consumers,
+        after it: larger tiles), or None (no PDL or no trigger)."""
+        if not (self.pdl and self.trigger):
+            return None
+        return "last_load" if self.token_tile <= TRIGGER_AT_LAST_LOAD_TILE else "main_loop"
 
     @property
     def stage_bytes(self) -> int:
