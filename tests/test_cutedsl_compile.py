@@ -185,3 +185,22 @@ def test_qkv_front_split_k_indexing():
                     slab = P.landing_slab(own // B, 0, h, 3, heads)
                     banks.add((slab * P.landing_slab_floats(B) + P.landing_offset(16 * quarter + k, own % B)) % 32)
                 assert len(banks) == 32, (heads, first_row, k)
+
+
+def test_phase_stamps_compile_in_only_when_asked(tmp_path, monkeypatch):
+    """The development timeline's hook (QkvFrontConfig.stamps, tools/qkv_front_dev/timeline.py):
+    a stamped variant reads the global timer once per phase; a production variant (stamps 0, what
+    every deployment and CI variant has) never reads it."""
+    from muse_ops.cutedsl import qkv_front_plan as P
+    monkeypatch.setenv("MUSE_OPS_CACHE_DIR", "off")
+    assert all(cfg.stamps == 0 for cfg in P.ci_variants() + P.deployment_variants(2, True))
+    counts = {}
+    for name, stamps in (("plain", 0), ("stamped", 0x7F0000001000)):
+        cfg = P.QkvFrontConfig.create(8, 1, True, k_tiles_per_stage=4, stamps=stamps)
+        dump = tmp_path / name
+        dump.mkdir()
+        launch.compile_qkv_front(cfg, f"--keep-ptx --dump-dir={dump}")
+        ptx = "".join(p.read_text() for p in dump.rglob("*.ptx"))
+        assert ptx, f"no PTX dumped for the {name} variant"
+        counts[name] = ptx.count("globaltimer")
+    assert counts == {"plain": 0, "stamped": len(P.STAMP_PHASES)}, counts

@@ -8,7 +8,8 @@ module and TVM-FFI alone: neither the DSL compiler nor compile time at start-up.
 
 _kernel (development tools only): a copy of a kernel module (kernel_copy) to compile instead of
 the package's (an A/B of two versions of the kernel source); its variants are keyed by the copy's
-file and never written to the disk cache.
+file and never written to the disk cache; nor are variants instrumented with phase stamps
+(QkvFrontConfig.stamps: an address of one process).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _get(op: str, key_cfg, extra_options: str, cfg, kernel):
 
     def build():
         return (kernel or registry.family(op).kernel_module())._compile(cfg, extra_options)
-    return compile_cache.get(key, build, disk=not extra_options and kernel is None, library=aot)
+    disk = not extra_options and kernel is None and not getattr(key_cfg, "stamps", 0)
+    return compile_cache.get(key, build, disk=disk, library=aot)
 
 
 @functools.lru_cache(maxsize=None)

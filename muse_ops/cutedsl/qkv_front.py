@@ -79,9 +79,9 @@ from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import add_rn, fma_rn, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32x2
-from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, X_BOX_MIN_ROWS, QkvFrontConfig,  # noqa: F401
-                             ci_variants, deployment_variants, k_split, landing_offset, landing_slab,
-                             landing_slab_floats, launch_config, owned_token)
+from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, STAMP_PHASES, STAMP_SLOTS, STAMP_SM_SLOT,  # noqa: F401
+                             X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
+                             landing_offset, landing_slab, landing_slab_floats, launch_config, owned_token)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
@@ -183,6 +183,7 @@ class QkvFrontSm90:
         tidx, _, _ = cute.arch.thread_idx()
         rank, tile, head_group = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        self.stamp("entry")
 
         # ---- shared memory: the ring's barriers and stages (x's stages right after the weight's),
         # the epilogue's indices; after the main loop the ring is the landing zone of the split-K sum
@@ -218,19 +219,23 @@ class QkvFrontSm90:
             self.rings_drained()
         else:
             acc = self.consume(sW, sX, full, empty, n_k, warp // 4, tidx % 128)
+            self.stamp("loop_end")
             if const_expr(self.cfg.trigger_point == "main_loop"):
                 cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
             self.rings_drained()
+            self.stamp("drained")
             self.push_partial(acc, sL, warp // 4, tidx % 128, rank, split)
         # the pushes are released to their owners and acquired by them; after this no CTA touches
         # another's shared memory, so none waits for its peers again
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
+        self.stamp("pushed")
         if warp < self.producer_warp:
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()   # before the first global access of these threads
             if const_expr(self.cfg.epilogue):
                 self.reduce_and_store(sL, sSlot, sPos, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
+                self.stamp("done")
 
     @cute.jit
     def produce(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
@@ -281,6 +286,7 @@ class QkvFrontSm90:
                                   tWs[None, (i * tiles_per_stage + j) * heads + h], tma_bar_ptr=full + i)
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()   # x is the previous kernel's output
+            self.stamp("wait")
         for i in cutlass.range(n_pre, unroll=1):
             for j in cutlass.range_constexpr(tiles_per_stage):
                 if i * tiles_per_stage + j < n_k:
@@ -305,6 +311,7 @@ class QkvFrontSm90:
             # every load of this CTA is issued: the next kernel may launch and run its prologue
             # while the ring drains (qkv_front_plan, the trigger's comment)
             cute.arch.griddepcontrol_launch_dependents()
+        self.stamp("issued")
 
     @cute.jit
     def load_x(self, tma_x: cute.CopyAtom, tXs: cute.Tensor, tXg: cute.Tensor, boxes, whole: Int32, tile: Int32,
@@ -350,6 +357,9 @@ class QkvFrontSm90:
         for i in cutlass.range((n_k + tiles_per_stage - 1) // tiles_per_stage, unroll=1):
             s = i % stages
             cute.arch.mbarrier_wait(full + s, (i // stages) % 2)
+            if const_expr(self.cfg.stamps != 0):
+                if i == 0:
+                    self.stamp("first")
             warpgroup.fence()
             for j in cutlass.range_constexpr(tiles_per_stage):
                 # K tiles in order, k16 steps in order: the same for any tiles_per_stage
@@ -405,6 +415,27 @@ class QkvFrontSm90:
             slab = landing_slab(owned, rank, wg, split, self.heads_per_cta)
             offset = slab * self.slab + landing_offset(c, t % self.owner_block, self.owner_block)
             st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
+
+    @cute.jit
+    def stamp(self, phase: str):
+        """Development only (QkvFrontConfig.stamps; compiles to nothing without it): the global
+        timer into this CTA's slot for `phase` (qkv_front_plan.STAMP_PHASES), by thread 0, or by
+        the producer warp's lane 0 for the producer's phases; "entry" also stamps the SM id."""
+        if const_expr(self.cfg.stamps != 0):
+            bx, by, bz = cute.arch.block_idx()
+            gx, gy, _ = cute.arch.grid_dim()
+            row = Int64(self.cfg.stamps) + ((Int64(bz) * gy + by) * gx + bx) * (STAMP_SLOTS * 8)
+            tidx, _, _ = cute.arch.thread_idx()
+            lead = tidx == 0
+            if const_expr(phase in ("wait", "issued")):
+                lead = cute.arch.lane_idx() == 0
+            if lead:
+                now = Int64(cute.arch.globaltimer())
+                cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};",
+                                     read_only_args=[row + STAMP_PHASES.index(phase) * 8, now])
+                if const_expr(phase == "entry"):
+                    cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};",
+                                         read_only_args=[row + STAMP_SM_SLOT * 8, Int64(cute.arch.smid())])
 
     @cute.jit
     def stage_indices(self, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,

@@ -50,6 +50,18 @@ INDEX_DTYPES = ("int32", "int64")
 X_BOX_MIN_ROWS = 16
 X_BOXES_MAX = 4
 
+# Development instrumentation (QkvFrontConfig.stamps, tools/qkv_front_dev/timeline.py): a CTA
+# writes the global timer at each of these phase boundaries into its row of STAMP_SLOTS int64
+# (slot k = STAMP_PHASES[k], slot STAMP_SM_SLOT = its SM id). Who stamps: thread 0, but "wait" and
+# "issued" are the producer warp's lane 0.
+#   entry     the kernel's start            wait      past griddepcontrol.wait (producer)
+#   issued    the last load issued          first     past the first stage's full barrier
+#   loop_end  every wgmma complete          drained   past the cluster barrier after the main loop
+#   pushed    past the barrier after the split-K push                 done      the epilogue's end
+STAMP_PHASES = ("entry", "wait", "issued", "first", "loop_end", "drained", "pushed", "done")
+STAMP_SM_SLOT = 8
+STAMP_SLOTS = 16
+
 # Every variant triggers the dependent launch early (the next kernel, attn2 in a layer, launches
 # while this one finishes). Up to the twenty-first run only tiles of up to 16 tokens did: from 64
 # tokens the early attn2 CTAs packed four or five to an SM onto the SMs this grid leaves free (a
@@ -192,6 +204,7 @@ class QkvFrontConfig:
     trigger: bool = True  # let the next kernel on the stream launch early (trigger_point)
     epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
     owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
+    stamps: int = 0       # development only: global address of the phase stamps (STAMP_PHASES); 0: none
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
