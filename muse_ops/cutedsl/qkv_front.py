@@ -31,7 +31,8 @@ Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 
   fill of rows outside a tensor is slow, bench/RESULTS.md); one consumer warpgroup per
   head issues each tile's four m64nTk16 wgmmas (A = weight, B = x, both from shared memory) into
   an fp32 accumulator that starts at 0, and releases a stage once the next one's wgmmas are
-  issued (one group in flight).
+  issued (one group in flight), or in tiles of up to 16 tokens, whose main loop waits for the
+  weight's bytes, once its own wgmmas are complete (qkv_front_plan.RELEASE_AT_ONCE_TILE).
 - The split-K sum: the tile's tokens are owned in blocks of 8 (an accumulator column group; 2
   in tiles of up to 16 tokens), block b by rank b % S. Once every CTA of the cluster has drained
   its ring (a cluster barrier), each pushes its fp32 accumulator straight from registers to the
@@ -342,7 +343,8 @@ class QkvFrontSm90:
     def consume(self, sW: cute.Tensor, sX: cute.Tensor, full, empty, n_k: Int32, wg: Int32, wg_tidx: Int32):
         """Consumer warpgroup wg (head head_group * heads + wg): acc (64 rows x tokens tokens, fp32, from
         0) += W_tile x_tile^tokens over the rank's K tiles in order, four k16 wgmmas a tile, one wgmma
-        group a stage, one group in flight. Returns the accumulator, every wgmma complete."""
+        group a stage, mma_lag groups in flight when a stage is released (1, or 0 for tiles of up
+        to RELEASE_AT_ONCE_TILE tokens). Returns the accumulator, every wgmma complete."""
         tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
         mma = self.tiled_mma()
         thr = mma.get_slice(wg_tidx)

@@ -76,6 +76,17 @@ STAMP_SLOTS = 16
 # 183.8) and no faster in the stack, so large tiles keep the trigger after the main loop.
 TRIGGER_AT_LAST_LOAD_TILE = 64
 
+# When a consumer releases a ring stage (QkvFrontConfig.mma_lag): tiles of up to
+# RELEASE_AT_ONCE_TILE tokens wait for the stage's own wgmmas to complete and release it at once
+# (mma_lag 0), so the producer refills it a stage sooner and one more stage of weight is in
+# flight; larger tiles release a stage once the next stage's wgmmas are issued (mma_lag 1), so
+# their tensor work stays queued back to back. Thirtieth run (same bits): alone M=1 11.22 ->
+# 11.03-11.07 us, M=8 11.30-11.46 -> 11.22-11.23, M=16 11.92 -> 11.78, but M=32 12.93 -> 13.45 and
+# M=64 13.5-13.8 -> 14.0; in a stack of layers faster or within 0.06 us in all 9 rows of up to
+# 16 tokens (decode B=8 24.01 -> 23.69, sliding B=2 21.35 -> 21.01) and 0.32 us slower at B=8
+# verify (64 tokens).
+RELEASE_AT_ONCE_TILE = 16
+
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once (M=192: 22.8 us
 # against 25.8 for two 128-token tiles of two heads). Above that a CTA computes two heads, so x
@@ -199,7 +210,7 @@ class QkvFrontConfig:
     pos_dtype: str        # "int32" or "int64"
     slot_dtype: str
     k_tiles_per_stage: int = 1   # 64-column K tiles per ring stage (one barrier and wgmma group per stage)
-    mma_lag: int = 1      # wgmma groups left in flight when a stage is released (0: released at once)
+    mma_lag: int = 1      # wgmma groups in flight when a stage is released (0: at once; RELEASE_AT_ONCE_TILE)
     pdl: bool = True      # programmatic dependent launch: only weight loads before griddepcontrol.wait
     trigger: bool = True  # let the next kernel on the stream launch early (trigger_point)
     epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
@@ -237,6 +248,7 @@ class QkvFrontConfig:
         assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
         over.setdefault("owner_block", SMALL_TILE_OWNER_BLOCK if token_tile <= 16 else OWNER_BLOCK)
+        over.setdefault("mma_lag", 0 if token_tile <= RELEASE_AT_ONCE_TILE else 1)
         if stages is None:   # as deep as shared memory allows, up to 8 stages
             stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))
             stages = max(2, min(8, SMEM_LIMIT // stage))
