@@ -52,10 +52,15 @@ def environment(device) -> dict:
            "device": str(device)}
     try:
         import subprocess as sp
+        # "-dirty" when the tree differs from HEAD (a copy of a working tree, as the GPU machine
+        # gets, can carry a stale HEAD): the kernel-source fingerprint below names what ran
         env["commit"] = os.environ.get("MUSE_BENCH_COMMIT") or sp.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip() or None
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
+            timeout=5).stdout.strip() or None
     except Exception:
         env["commit"] = None
+    from muse_ops.cutedsl.compile_cache import source_fingerprint
+    env["kernel_sources"] = source_fingerprint()   # hash of the kernel sources (no cutlass import)
     if torch.device(device).type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(gpu=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda,
@@ -259,7 +264,7 @@ def render_markdown(result: dict) -> str:
              f"GPU {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, "
              f"CuTe DSL {env.get('cutedsl')}, FA4 {env.get('fa4')}, FlashInfer {env.get('flashinfer')}, "
              f"Triton {env.get('triton')}, "
-             f"commit {env.get('commit')}.", ""]
+             f"commit {env.get('commit')}, kernel sources {env.get('kernel_sources')}.", ""]
     if fl:
         rate = f"; bf16 matmul {fl['tensor_tflops']:.0f} TFLOPS" if fl.get("tensor_tflops") else ""
         lines += [f"Measured: HBM copy {fl['hbm_tbps']:.2f} TB/s{rate}; one CUDA-graph node {fl['node_us']:.2f} us.", ""]
