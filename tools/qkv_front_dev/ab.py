@@ -2,8 +2,7 @@
 CUDA graph per (M, variant) over rotating weight copies, timed round-robin (AB_ROUNDS rounds,
 median of the rounds' medians). AB_M: M values; AB_VARIANTS: ';'-separated override dicts in
 Python syntax ({} = the default; "no_rope": True launches without cos_sin, unchecked; "kernel":
-"path/to/copy.py" compiles a copy of the kernel module instead, an A/B of two sources; "tile_weight":
-True passes the weights with their memory tiled [N/64][K/64][64][64], for a copy that reads them so). Checks
+"path/to/copy.py" compiles a copy of the kernel module instead, an A/B of two sources). Checks
 every variant's y against the default's bits first (the split override changes the bits by
 design: it is only compared within tolerance)."""
 import ast
@@ -31,17 +30,12 @@ for m in ms:
     ys = [torch.empty(m, inp.weights[0].shape[0], dtype=torch.bfloat16, device=dev) for _ in range(inp.sets)]
     ref64 = qkv_front_f64(inp.xs[0], inp.weights[0], inp.positions[0], inp.cos_sin, kv_heads)
     graphs, base = [], None
-    tiled = None   # "tile_weight": the weights' memory as [N/64][K/64][64][64] (a kernel copy reads it so)
-    if any(v.get("tile_weight") for v in variants):
-        tiled = [w.view(w.shape[0] // 64, 64, w.shape[1] // 64, 64).permute(0, 2, 1, 3).contiguous().view(w.shape)
-                 for w in inp.weights]
     for v in variants:
         def fn(i, v=v):
             over = dict(v)
             cos_sin = None if over.pop("no_rope", False) else inp.cos_sin   # development: RoPE off
             kernel = over.pop("kernel", None)
-            weights = tiled if over.pop("tile_weight", False) else inp.weights
-            Q.launch_qkv_front(inp.xs[i], weights[i], inp.positions[i], inp.slots[i], cos_sin,
+            Q.launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], cos_sin,
                                inp.kv_cache, ys[i], err, _cfg_override=over,
                                _kernel=Q.kernel_copy(kernel) if kernel else None)
             return ys[i]
