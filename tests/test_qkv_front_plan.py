@@ -35,3 +35,19 @@ def test_tiles_up_to_256_tokens_come_from_the_table():
 
 def test_only_hkv_1_and_2_weights_fit_the_l2():
     assert [h for h in range(1, 17) if Q.weight_fits_l2(h)] == [1, 2]
+
+
+def test_the_ring_release_and_the_trigger_point_follow_the_measured_rules():
+    """Every variant a deployment launches: tiles of up to RELEASE_AT_ONCE_TILE tokens release a
+    stage at once (mma_lag 0, thirtieth run), larger ones a stage late; tiles of up to
+    TRIGGER_AT_LAST_LOAD_TILE tokens trigger the dependent launch at the last load (twenty-ninth
+    run), larger ones after the main loop. Neither changes with the index dtypes or RoPE."""
+    seen = set()
+    for rope in (False, True):
+        for cfg in Q.deployment_variants(2, rope):
+            assert cfg.mma_lag == (0 if cfg.token_tile <= Q.RELEASE_AT_ONCE_TILE else 1), cfg
+            assert cfg.trigger_point == ("last_load" if cfg.token_tile <= Q.TRIGGER_AT_LAST_LOAD_TILE
+                                         else "main_loop"), cfg
+            seen.add((cfg.token_tile, cfg.mma_lag, cfg.trigger_point))
+    assert (8, 0, "last_load") in seen and (32, 1, "last_load") in seen and (256, 1, "main_loop") in seen
+    assert Q.QkvFrontConfig.create(8, 1, True, pdl=False).trigger_point is None
