@@ -6,8 +6,11 @@ The package's kernel compiles the stamps in when its config carries an address
 the production variants' PTX is the same with or without this hook). Two stamped variants, each
 with its own buffer, alternate in one graph over rotating weight sets, so after a replay the two
 buffers hold the last two calls. The global timer's tick is coarse (about 32 ns to a microsecond,
-by GPU). Env: TL_M (M values), TL_HKV, TL_CALLS (graph calls, even), TL_OUT.
+by GPU). Env: TL_M (M values), TL_HKV, TL_CALLS (graph calls, even), TL_OUT, TL_OVER (a launch-config
+override in Python syntax for both stamped variants, e.g. "{'mma_lag': 1}": the timeline of a variant;
+the plain graph it is compared with stays the default).
 """
+import ast
 import os
 import statistics
 import sys
@@ -45,7 +48,8 @@ def main():
     dev = torch.device("cuda")
     err = error_flag(dev)
     buf = torch.zeros(2, MAX_CTAS * STAMP_SLOTS, dtype=torch.int64, device=dev)
-    stamped = [{"stamps": buf[c].data_ptr()} for c in range(2)]   # launch-config overrides
+    over = ast.literal_eval(os.environ.get("TL_OVER", "{}"))
+    stamped = [dict(over, stamps=buf[c].data_ptr()) for c in range(2)]   # launch-config overrides
     lines = []
     for m in ms:
         case = C.QkvCase(m, kv_heads=kv_heads)
@@ -60,8 +64,9 @@ def main():
         ref = run(0).clone()
         for c in range(2):
             same = torch.equal(run(0, stamped[c]).view(torch.int16), ref.view(torch.int16))
-            lines.append(f"M={m} stamped variant {c}: same bits as the plain kernel: {same}")
-        cfg = Q.qkv_front_launch_config(m, kv_heads, True, inp.positions[0].dtype, inp.slots[0].dtype)
+            lines.append(f"M={m} stamped variant {c} {over or ''}: same bits as the plain kernel: {same}")
+        cfg = Q.qkv_front_launch_config(m, kv_heads, True, inp.positions[0].dtype, inp.slots[0].dtype,
+                                        dict(over) or None)   # the stamped variants' tile
         ctas = k_split(kv_heads) * -(-m // cfg.token_tile) * (heads(kv_heads) // cfg.heads_per_cta)
         graph, n_calls = T.capture_calls(lambda i: run(i % inp.sets, stamped[i % 2]), max(calls, 2 * inp.sets))
         plain, plain_calls = T.capture_calls(lambda i: run(i % inp.sets), max(calls, 2 * inp.sets))
