@@ -59,8 +59,8 @@ QUIET_WIDE_PAIRS = 8
 
 # Occupancy caps (occupancy_cap). qkv_front triggers its dependent launch before its epilogue
 # (at its last load or after its main loop: QkvFrontConfig.trigger_point), so attn2's grid
-# launches while qkv_front's CTAs (one per SM, 108 of 132 at Hkv 2) still hold their SMs: the block scheduler places as many attn2 CTAs as fit on the SMs left free, 5 to an
-# SM (4 deep), and those SMs then carry more of the grid than the others. Reserving shared memory
+# launches while qkv_front's CTAs (one per SM, 108 of 132 at Hkv 2) still hold their SMs: the
+# block scheduler places as many attn2 CTAs as fit on the SMs left free, 5 to an SM (4 deep), and those SMs then carry more of the grid than the others. Reserving shared memory
 # so that at most 1 to 4 CTAs fit an SM spreads it: the first CTAs still run their prologue under
 # qkv_front's tail, the rest land on the SMs qkv_front frees. A launch takes the smallest cap
 # under which its whole grid fits one wave (a cap that does not fit costs a second wave: B=2

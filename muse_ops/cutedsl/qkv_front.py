@@ -80,8 +80,8 @@ from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import add_rn, fma_rn, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32x2
-from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, STAMP_PHASES, STAMP_SLOTS, STAMP_SM_SLOT,  # noqa: F401
-                             X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
+from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, STAMP_PHASES, STAMP_PRODUCER_PHASES,  # noqa: F401
+                             STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
                              landing_offset, landing_slab, landing_slab_floats, launch_config, owned_token)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
@@ -359,7 +359,7 @@ class QkvFrontSm90:
         for i in cutlass.range((n_k + tiles_per_stage - 1) // tiles_per_stage, unroll=1):
             s = i % stages
             cute.arch.mbarrier_wait(full + s, (i // stages) % 2)
-            if const_expr(self.cfg.stamps != 0):
+            if const_expr(self.cfg.stamps != 0):   # (stamp guards itself; this keeps i == 0 out of plain variants)
                 if i == 0:
                     self.stamp("first")
             warpgroup.fence()
@@ -429,7 +429,7 @@ class QkvFrontSm90:
             row = Int64(self.cfg.stamps) + ((Int64(bz) * gy + by) * gx + bx) * (STAMP_SLOTS * 8)
             tidx, _, _ = cute.arch.thread_idx()
             lead = tidx == 0
-            if const_expr(phase in ("wait", "issued")):
+            if const_expr(phase in STAMP_PRODUCER_PHASES):
                 lead = cute.arch.lane_idx() == 0
             if lead:
                 now = Int64(cute.arch.globaltimer())

@@ -52,13 +52,14 @@ X_BOXES_MAX = 4
 
 # Development instrumentation (QkvFrontConfig.stamps, tools/qkv_front_dev/timeline.py): a CTA
 # writes the global timer at each of these phase boundaries into its row of STAMP_SLOTS int64
-# (slot k = STAMP_PHASES[k], slot STAMP_SM_SLOT = its SM id). Who stamps: thread 0, but "wait" and
-# "issued" are the producer warp's lane 0.
+# (slot k = STAMP_PHASES[k], slot STAMP_SM_SLOT = its SM id). Who stamps: thread 0, but the
+# STAMP_PRODUCER_PHASES are the producer warp's lane 0.
 #   entry     the kernel's start            wait      past griddepcontrol.wait (producer)
 #   issued    the last load issued          first     past the first stage's full barrier
 #   loop_end  every wgmma complete          drained   past the cluster barrier after the main loop
 #   pushed    past the barrier after the split-K push                 done      the epilogue's end
 STAMP_PHASES = ("entry", "wait", "issued", "first", "loop_end", "drained", "pushed", "done")
+STAMP_PRODUCER_PHASES = ("wait", "issued")   # stamped by the producer warp's lane 0
 STAMP_SM_SLOT = 8
 STAMP_SLOTS = 16
 
