@@ -10,22 +10,39 @@ call) are built where a C++ compiler, torch and apache-tvm-ffi are installed, ei
 Without them everything works; the ops' host path is then Python (docs/DESIGN.md section 16).
 """
 import os
+import shutil
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+SHIMS_SOURCE = "csrc_shims/muse_shims.cpp"
+
+
+class BuildPyWithShimsSource(build_py):
+    """An installed package carries the C++ source as muse_ops/csrc/muse_shims.cpp, so that
+    `python -m muse_ops build-shims` works where no checkout lies beside it (a wheel); an
+    editable install reads the checkout's csrc_shims/ instead (muse_ops.cutedsl.shims.SOURCES)."""
+
+    def run(self):
+        super().run()
+        target = Path(self.build_lib) / "muse_ops" / "csrc"
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(SHIMS_SOURCE, target / Path(SHIMS_SOURCE).name)
 
 
 def _shims_extension() -> dict:
     """MUSE_OPS_BUILD_SHIMS=1: build csrc_shims/muse_shims.cpp as muse_ops/_shims*.so with torch's
     CppExtension (no Python binding: the package loads it with torch.ops.load_library, so it does
-    not link libtorch_python and a C++ program can load it too)."""
+    not link libtorch_python and a C++ program can load it too). Every build ships the source."""
+    commands = {"build_py": BuildPyWithShimsSource}
     if os.environ.get("MUSE_OPS_BUILD_SHIMS") != "1":
-        return {}
+        return {"cmdclass": commands}
     import tvm_ffi
     from torch.utils.cpp_extension import BuildExtension, CppExtension
-    ext = CppExtension("muse_ops._shims", ["csrc_shims/muse_shims.cpp"], py_limited_api=True,
+    ext = CppExtension("muse_ops._shims", [SHIMS_SOURCE], py_limited_api=True,
                        include_dirs=[tvm_ffi.libinfo.find_include_path()], extra_compile_args=["-O2", "-std=c++20"])
-    return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension}}
+    return {"ext_modules": [ext], "cmdclass": {**commands, "build_ext": BuildExtension}}
 
 
 setup(

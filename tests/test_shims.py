@@ -122,3 +122,27 @@ def test_a_library_from_other_sources_is_not_loaded(tmp_path):
     stale.write_bytes(b"\x7fELF not the shims")
     run = _python("import muse_ops", MUSE_OPS_SHIMS=str(stale))
     assert run.returncode != 0 and "built from other sources" in run.stderr and "build-shims" in run.stderr, run.stderr
+
+
+def test_an_installed_package_carries_the_cpp_source(tmp_path):
+    """setup.py's build_py puts csrc_shims/muse_shims.cpp into the package (what a wheel or an sdist
+    install holds), byte for byte, and build-shims compiles that copy where no checkout lies beside
+    the package."""
+    built = tmp_path / "lib"
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(built)], cwd=ROOT, check=True,
+                   capture_output=True)
+    packaged = built / "muse_ops" / "csrc" / "muse_shims.cpp"
+    assert packaged.read_bytes() == (ROOT / "csrc_shims" / "muse_shims.cpp").read_bytes()
+    assert shims.source() == ROOT / "csrc_shims" / "muse_shims.cpp"   # this checkout's, first
+
+
+def test_build_shims_reads_the_packaged_source_without_a_checkout(monkeypatch, tmp_path):
+    packaged = tmp_path / "muse_ops" / "csrc" / "muse_shims.cpp"
+    monkeypatch.setattr(shims, "SOURCES", (tmp_path / "csrc_shims" / "muse_shims.cpp", packaged))
+    with pytest.raises(RuntimeError, match="muse_shims.cpp is in neither"):
+        shims.source()
+    packaged.parent.mkdir(parents=True)
+    packaged.write_text("// a copy\n")
+    assert shims.source() == packaged
+    pytest.importorskip("tvm_ffi")
+    assert str(packaged) in shims.build_command(tmp_path / "out.so")

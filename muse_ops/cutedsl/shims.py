@@ -34,8 +34,10 @@ import torch
 ENV = "MUSE_OPS_SHIMS"
 ABI = 6     # muse_shims_abi in csrc_shims/muse_shims.cpp
 LIBRARY_NAME = "libmuse_shims.so"
-SOURCE = Path(__file__).resolve().parents[2] / "csrc_shims" / "muse_shims.cpp"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# Where the C++ source is: the checkout's csrc_shims/ (an editable install), else the copy that
+# setup.py's build_py puts into an installed package (a wheel has no csrc_shims/ beside it).
+SOURCES = (PACKAGE_DIR.parent / "csrc_shims" / "muse_shims.cpp", PACKAGE_DIR / "csrc" / "muse_shims.cpp")
 OPS = ("qkv_front", "attn2")
 
 log = logging.getLogger("muse_ops")
@@ -206,10 +208,23 @@ def error_flag(device: torch.device) -> torch.Tensor | None:
 
 
 # ------------------------------------------------------------------------------------ build
+def source() -> Path:
+    """The C++ source this package builds (SOURCES: the checkout's, else the installed copy)."""
+    for path in SOURCES:
+        if path.is_file():
+            return path
+    raise RuntimeError("the C++ source muse_shims.cpp is in neither " + " nor ".join(map(str, SOURCES))
+                       + ": reinstall muse_ops from a checkout or an sdist")
+
+
 def build_command(output: Path) -> list[str]:
     from torch.utils import cpp_extension
-    import tvm_ffi
-    cmd = [os.environ.get("CXX", "g++"), "-std=c++20", "-O2", "-fPIC", "-shared", "-Wall", str(SOURCE), "-o",
+    try:
+        import tvm_ffi
+    except ImportError as exc:
+        raise RuntimeError("building the C++ ops needs apache-tvm-ffi's C headers: "
+                           "pip install 'muse_ops[cuda]' (or apache-tvm-ffi)") from exc
+    cmd = [os.environ.get("CXX", "g++"), "-std=c++20", "-O2", "-fPIC", "-shared", "-Wall", str(source()), "-o",
            str(output), f"-I{tvm_ffi.libinfo.find_include_path()}"]
     cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
     cmd += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
@@ -224,7 +239,14 @@ def build(output: Path | None = None) -> Path:
     output = Path(output) if output else PACKAGE_DIR / LIBRARY_NAME
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
-    subprocess.run(build_command(partial), check=True)
+    command = build_command(partial)
+    try:
+        subprocess.run(command, check=True)
+    except FileNotFoundError as exc:
+        raise RuntimeError(f"no C++ compiler {command[0]!r} (set CXX to one that takes -std=c++20)") from exc
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"{command[0]} failed with exit status {exc.returncode} (its messages are above); "
+                           f"the command: {' '.join(command)}") from exc
     os.replace(partial, output)    # never rewrite in place a library this process may have loaded
     return output
 
