@@ -13,7 +13,7 @@ rest "skipped", for runs under a time limit; the JSON and markdown are saved aft
 a run cut short keeps its rows. Several JSON files (e.g. a rerun of skipped cases with --cases)
 merge into one markdown section:
 
-    python -m muse_ops bench --render bench.json [more.json] [--append bench/RESULTS.md]
+    python -m muse_ops bench --render bench.json [more.json] [--append bench/RESULTS.md]   (newest first)
 
 --cases picks cases by name fragment (e.g. --cases "B=1 " "W=2048" "M=8"); "attn2" / "qkv_front"
 select a whole op. --quick: a few cases. On CPU (--device cpu) tiny cases run on the reference
@@ -29,6 +29,7 @@ import platform
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -297,6 +298,17 @@ def render_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def add_newest_run(path: Path, section: str) -> None:
+    """Put a dated section into a results file whose runs go newest first (bench/RESULTS.md):
+    before its first dated section ("## 2..."), or at the end where it has none."""
+    lines = path.read_text().split("\n")
+    at = next((i for i, line in enumerate(lines) if line.startswith("## 2")), None)
+    if at is None:
+        path.write_text("\n".join(lines).rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n")
+    else:
+        path.write_text("\n".join(lines[:at] + section.rstrip("\n").split("\n") + [""] + lines[at:]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m muse_ops bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -310,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(0: no limit)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 evaluation")
     ap.add_argument("--render", nargs="*", default=None, help="render JSON result(s) as one markdown section (no run)")
-    ap.add_argument("--append", default=None, help="with --render: append the section to this file")
+    ap.add_argument("--append", default=None, help="with --render: add the section to this file as its newest run (before its first "
+                         "dated section)")
     a = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
 
@@ -334,8 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         md = render_markdown(merged)
         if a.append:
-            with open(a.append, "a") as f:
-                f.write("\n" + md)
+            add_newest_run(Path(a.append), md)
         else:
             print(md)
         return 0

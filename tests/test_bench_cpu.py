@@ -19,10 +19,17 @@ def test_bench_cpu_quick(tmp_path, capsys):
     text = md.read_text()
     assert text.startswith("## ") and "attn2" in text and "### layer" in text and "muse:reference" in text
     assert "| case |" in capsys.readouterr().out
-    appended = tmp_path / "RESULTS.md"
-    appended.write_text("# header\n")
-    assert run.main(["--render", str(out), "--append", str(appended)]) == 0
-    assert appended.read_text().startswith("# header\n") and "## " in appended.read_text()
+    results = tmp_path / "RESULTS.md"   # newest run first: the new section goes above the older one
+    results.write_text("# header\n\n## Where each op stands now\n\n## 2026-01-01, an older run\n\nold table\n")
+    assert run.main(["--render", str(out), "--append", str(results)]) == 0
+    text = results.read_text()
+    new_at = text.index("\n## ", text.index("## Where each op stands now") + 1)
+    assert text.startswith("# header\n") and text.index("## 2026-01-01") > new_at
+    assert text[new_at + 1:].startswith(md.read_text().split("\n")[0]) and text.endswith("old table\n")
+    empty = tmp_path / "NEW.md"   # no dated run yet: at the end
+    empty.write_text("# header\n")
+    assert run.main(["--render", str(out), "--append", str(empty)]) == 0
+    assert empty.read_text().startswith("# header\n\n## ")
 
 
 def test_kernel_bound_names_what_bounds_each_kernel():
