@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(0: no limit)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 evaluation")
     ap.add_argument("--render", nargs="*", default=None, help="render JSON result(s) as one markdown section (no run)")
-    ap.add_argument("--append", default=None, help="with --render: add the section to this file as its newest run (before its first "
-                         "dated section)")
+    ap.add_argument("--append", default=None,
+                    help="with --render: add the section to this file as its newest run (above its first dated one)")
     a = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
 

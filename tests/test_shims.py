@@ -126,8 +126,7 @@ def test_a_library_from_other_sources_is_not_loaded(tmp_path):
 
 def test_an_installed_package_carries_the_cpp_source(tmp_path):
     """setup.py's build_py puts csrc_shims/muse_shims.cpp into the package (what a wheel or an sdist
-    install holds), byte for byte, and build-shims compiles that copy where no checkout lies beside
-    the package."""
+    install holds), byte for byte; a checkout's own file comes first."""
     built = tmp_path / "lib"
     subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(built)], cwd=ROOT, check=True,
                    capture_output=True)
@@ -137,6 +136,8 @@ def test_an_installed_package_carries_the_cpp_source(tmp_path):
 
 
 def test_build_shims_reads_the_packaged_source_without_a_checkout(monkeypatch, tmp_path):
+    """Where no checkout lies beside the package, build-shims compiles the packaged copy; with
+    neither, it says where it looked."""
     packaged = tmp_path / "muse_ops" / "csrc" / "muse_shims.cpp"
     monkeypatch.setattr(shims, "SOURCES", (tmp_path / "csrc_shims" / "muse_shims.cpp", packaged))
     with pytest.raises(RuntimeError, match="muse_shims.cpp is in neither"):
