@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
-# Compare the PTX of two dumps of tools/attn2_dev/compile_cpu.py, file by file (same relative path),
-# after stripping what only encodes source positions: `.loc` / `.file` directives and any DWARF
-# `.section .debug_*` block (the default compile emits none of them: two compiles of one source are
-# byte-identical, no hash or path varies; the strip only keeps a -lineinfo dump comparable).
+# Compare the PTX of two dumps of tools/ptx_dump.py (one folder per variant, named by its config),
+# file by file, after stripping what only encodes source positions: `.loc` / `.file` directives and
+# any DWARF `.section .debug_*` block (two compiles of one source are byte-identical without them).
 # Prints IDENTICAL <variant dir> per pair, else the first differences; exits 1 if any pair differs
-# or a file is missing on a side. The kernel's symbol name embeds the module name, so a copy of
-# attn2.py loaded under another name (launch's _kernel) only compares with a copy of the same name.
+# or a variant is missing on a side.
 #
-#   tools/attn2_dev/ptx_identity.sh BEFORE_DIR AFTER_DIR
-#
-# Note: compile_cpu.py passes --dump-dir=DIR/q<q>w<w><layout>, a folder the DSL does not create
-# (no PTX is written if it is missing); create them first, e.g.
-#   for v in q8w0deep q8w0wide q1w0deep q1w0wide q8w2048deep q8w2048wide q1w2048deep q1w2048wide; do
-#       mkdir -p DIR/$v; done
+#   python tools/ptx_dump.py BEFORE_DIR; (change the code); python tools/ptx_dump.py AFTER_DIR
+#   tools/ptx_identity.sh BEFORE_DIR AFTER_DIR
 set -u
 if [ $# -ne 2 ]; then echo "usage: $0 BEFORE_DIR AFTER_DIR" >&2; exit 2; fi
 a=$1 b=$2
