@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 HIDDEN = 8192            # rows of x in the fused projection
 HEAD_DIM = 64
 GROUP = 8                # query heads per KV head (GQA)
@@ -21,6 +23,10 @@ SLIDING_WINDOW = 2048    # a token and the 2047 before it
 VERIFY_Q_LEN = 8         # draft tokens checked per request in a speculative-verify step
 DEFAULT_SCALE = 5.473 / 8.0  # qk_scale_factor * 1/sqrt(head_dim)
 SUPPORTED_Q_LENS = (1, 8)
+# The KV cache holds bf16 keys and values, or float8 e4m3 ones with fp32 dequantization scales
+# (docs/DESIGN.md section 3b): key = float(e4m3) * k_scale, value = float(e4m3) * v_scale.
+CACHE_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
+FP8_MAX = 448.0          # the largest finite e4m3 value: the insert saturates to +-FP8_MAX
 
 
 def proj_cols(kv_heads: int) -> int:
@@ -55,6 +61,8 @@ class DeploymentConfig:
     max_batch:    the most requests in one step; sizes the attention workspace.
     rope:         whether q and k get RoPE (the model puts it on sliding-window layers only).
     rope_theta:   RoPE base.
+    cache_dtype:  the KV cache's dtype: torch.bfloat16, or torch.float8_e4m3fn (half the bytes;
+                  the layer owns its dequantization scales, MuseAttentionDecode.set_kv_scales).
     """
 
     kv_heads: int = 2
@@ -65,6 +73,7 @@ class DeploymentConfig:
     max_batch: int = 256
     rope: bool | None = None
     rope_theta: float = ROPE_THETA
+    cache_dtype: torch.dtype = torch.bfloat16
 
     def __post_init__(self):
         if self.kv_heads < 1:
@@ -77,6 +86,8 @@ class DeploymentConfig:
             raise ValueError(f"max_seq_len must be >= q_len ({self.q_len}), got {self.max_seq_len}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"cache_dtype must be one of {CACHE_DTYPES}, got {self.cache_dtype}")
         if self.rope is None:  # the model's rule: RoPE exactly on sliding-window layers
             object.__setattr__(self, "rope", self.window > 0)
 

@@ -2,9 +2,10 @@
 
 It owns the fused projection weight [1152*Hkv, 8192] (q | k | v | gate rows), the optional
 output projection, the RoPE cos|sin table of a sliding-window layer (built once, sized by the
-deployment's positions), the deployment config and attn2's workspace. The KV cache belongs to
-the caller (one cache per layer, shared with the engine's allocator) and is written in place.
-No kernel logic lives here: forward is the step's checks, qkv_front, attn2, then o_proj.
+deployment's positions), the deployment config, attn2's workspace and, for an FP8 cache, the
+cache's dequantization scales (set once from a calibration, read by every step). The KV cache
+belongs to the caller (one cache per layer, shared with the engine's allocator) and is written in
+place. No kernel logic lives here: forward is the step's checks, qkv_front, attn2, then o_proj.
 
 The module is for inference: its parameters do not require grad (so it runs, eagerly or under
 torch.compile, in default grad mode without torch.no_grad()), and its buffers are ordinary
@@ -19,15 +20,21 @@ from torch import nn
 
 from . import ops, weights
 from .config import DEFAULT_SCALE, HEAD_DIM, HIDDEN, VERIFY_Q_LEN, DeploymentConfig, proj_cols, q_heads
+from .errors import MuseInputError
 from .reference import rope_cos_sin
 
 
 class MuseAttentionDecode(nn.Module):
+    """k_scale, v_scale (an FP8 cache, config.cache_dtype = torch.float8_e4m3fn): the cache's
+    dequantization scales, one float or one per KV head (a sequence or tensor of Hkv); default 1.0
+    (what SGLang uses when no calibration sets them). set_kv_scales changes them later."""
+
     def __init__(self, config: DeploymentConfig, *, o_proj: bool = False, max_positions: int | None = None,
-                 device=None, backend: str | None = None):
+                 device=None, backend: str | None = None, k_scale=None, v_scale=None):
         super().__init__()
         self.config = config
         self.backend = backend
+        self._cache_dtype_name = str(config.cache_dtype).removeprefix("torch.")
         kw = {"device": device, "dtype": torch.bfloat16}
         with torch.inference_mode(False):
             self.qkv_weight = nn.Parameter(torch.empty(proj_cols(config.kv_heads), HIDDEN, **kw),
@@ -42,7 +49,43 @@ class MuseAttentionDecode(nn.Module):
             else:
                 self.cos_sin = None
             self.register_buffer("workspace", self._new_workspace(device), persistent=False)
+            if self.fp8:
+                ones = torch.ones(config.kv_heads, dtype=torch.float32, device=device)
+                self.register_buffer("k_scale", ones.clone())   # persistent: a calibration is part of the state
+                self.register_buffer("v_scale", ones.clone())
+            else:
+                self.k_scale = self.v_scale = None
             self.reset_parameters()
+        if k_scale is not None or v_scale is not None:
+            self.set_kv_scales(1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the layer's KV cache is float8_e4m3fn (with scales) rather than bf16."""
+        return self.config.cache_dtype == torch.float8_e4m3fn
+
+    @torch.no_grad()
+    def set_kv_scales(self, k_scale, v_scale) -> None:
+        """Set the FP8 cache's dequantization scales in place (a captured CUDA graph reads the new
+        values): key = float(e4m3) * k_scale, value = float(e4m3) * v_scale; each one positive,
+        finite float, or one per KV head. Checked here, once, on the host."""
+        if not self.fp8:
+            raise MuseInputError("MuseAttentionDecode.set_kv_scales: k_scale and v_scale scale an FP8 cache; "
+                                 f"this layer's cache_dtype is {self.config.cache_dtype}")
+        kv_heads = self.config.kv_heads
+        values = []
+        for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+            t = torch.as_tensor(value).detach().to("cpu", torch.float32).reshape(-1)
+            if t.numel() not in (1, kv_heads):
+                raise MuseInputError(f"MuseAttentionDecode: {name} must be one float or {kv_heads} (one per KV "
+                                     f"head), got {t.numel()} values")
+            if not bool((torch.isfinite(t) & (t > 0)).all()):   # in float32: what the kernels read
+                raise MuseInputError(f"MuseAttentionDecode: {name} must be positive and finite in float32, got "
+                                     f"{torch.as_tensor(value).reshape(-1).tolist()}")
+            values.append(t.expand(kv_heads))
+        with torch.inference_mode(False):   # both checked before either is written
+            self.k_scale.copy_(values[0])
+            self.v_scale.copy_(values[1])
 
     @classmethod
     @torch.no_grad()
@@ -50,6 +93,7 @@ class MuseAttentionDecode(nn.Module):
                          gate_proj: torch.Tensor, o_proj: torch.Tensor | None = None, *, tp_rank: int = 0,
                          tp_size: int = 1, window: int = 0, q_len: int = VERIFY_Q_LEN, max_seq_len: int = 32768,
                          max_batch: int = 256, scale: float = DEFAULT_SCALE, rope: bool | None = None,
+                         cache_dtype: torch.dtype = torch.bfloat16, k_scale=None, v_scale=None,
                          device=None, backend: str | None = None) -> "MuseAttentionDecode":
         """The layer of rank tp_rank of tp_size built from a checkpoint's separate projections of
         all heads (muse_ops.weights says which heads a rank keeps and how the fused rows are laid
@@ -58,8 +102,8 @@ class MuseAttentionDecode(nn.Module):
         total_kv = k_proj.shape[0] // HEAD_DIM
         fused = weights.fuse_projections(q_proj, k_proj, v_proj, gate_proj, tp_rank, tp_size)
         cfg = DeploymentConfig(kv_heads=total_kv // tp_size, q_len=q_len, window=window, max_seq_len=max_seq_len,
-                               scale=scale, max_batch=max_batch, rope=rope)
-        layer = cls(cfg, o_proj=o_proj is not None, device=device, backend=backend)
+                               scale=scale, max_batch=max_batch, rope=rope, cache_dtype=cache_dtype)
+        layer = cls(cfg, o_proj=o_proj is not None, device=device, backend=backend, k_scale=k_scale, v_scale=v_scale)
         layer.qkv_weight.copy_(fused)
         if o_proj is not None:
             layer.o_proj.weight.copy_(weights.o_proj_columns(o_proj, total_kv, tp_rank, tp_size))
@@ -86,26 +130,36 @@ class MuseAttentionDecode(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv_cache: torch.Tensor,
                 page_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """x [R*q_len, 8192] (or [R, q_len, 8192]) -> [R*q_len, 512*Hkv] (or [.., 8192] with o_proj).
-        Writes the block's keys and values into kv_cache at slots; every input of the step is
-        checked first (contents too where the backend checks them), so a rejected step writes nothing."""
+        Writes the block's keys and values into kv_cache at slots. Every input of the step is
+        checked first (contents too where the backend checks them; R against max_batch), so a
+        rejected step writes nothing, eager or compiled."""
         c = self.config
         flat = x.dim() == 2    # [R*q_len, 8192] already: no reshape (each is a dispatcher call, ~1 us of host)
         x2 = x if flat else x.reshape(-1, HIDDEN)
         workspace = self.workspace
         if workspace.device != x.device:
             workspace = None
-        kw = dict(q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, backend=self.backend)
+        kw = dict(q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, k_scale=self.k_scale,
+                  v_scale=self.v_scale, backend=self.backend)
+        layer = dict(max_batch=c.max_batch, cache_dtype=self._cache_dtype_name)
         out = None
-        if not torch.compiler.is_compiling():   # traced, the ops' fakes check the metadata
+        if torch.compiler.is_compiling():
+            # the graph's first op checks the whole step when it runs, before qkv_front writes
+            # (the fakes check nothing, so the error is the package's own, compiled or not)
+            torch.ops.muse._check_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table,
+                                       seq_lens, workspace, self.k_scale, self.v_scale, c.q_len, c.window, c.scale,
+                                       c.max_seq_len, c.max_batch, self._cache_dtype_name, self.backend)
+        else:
             # a plain eager call: the step checked before its first write, then both ops; otherwise
             # check the whole step, then go through the registered ops
             out = ops.run_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table, seq_lens,
-                               workspace, **kw)
+                               workspace, **layer, **kw)
             if out is None:
                 ops.check_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table,
-                               seq_lens, workspace, **kw)
+                               seq_lens, workspace, **layer, **kw)
         if out is None:
-            y = ops.qkv_front(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, backend=self.backend)
+            y = ops.qkv_front(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, k_scale=self.k_scale,
+                              v_scale=self.v_scale, backend=self.backend)
             out = ops.attn2(y, kv_cache, page_table, seq_lens, workspace=workspace, **kw)
         if self.o_proj is not None:
             out = self.o_proj(out)
@@ -114,4 +168,4 @@ class MuseAttentionDecode(nn.Module):
     def extra_repr(self) -> str:
         c = self.config
         return (f"kv_heads={c.kv_heads}, q_len={c.q_len}, window={c.window}, max_seq_len={c.max_seq_len}, "
-                f"scale={c.scale:.5f}, rope={c.rope}, o_proj={self.o_proj is not None}")
+                f"scale={c.scale:.5f}, rope={c.rope}, cache_dtype={c.cache_dtype}, o_proj={self.o_proj is not None}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import CACHE_ROW, PAGE_SIZE
+from .config import CACHE_DTYPES, CACHE_ROW, PAGE_SIZE
 
 
 def pages_for(length: int) -> int:
@@ -19,7 +19,10 @@ def pages_for(length: int) -> int:
 
 
 def allocate_kv_cache(num_pages: int, kv_heads: int, device=None, dtype=torch.bfloat16) -> torch.Tensor:
-    """A zeroed bf16 [num_pages, kv_heads, 16, 128] cache (K in columns 0:64, V in 64:128)."""
+    """A zeroed [num_pages, kv_heads, 16, 128] cache (K in columns 0:64, V in 64:128), bf16 or
+    torch.float8_e4m3fn (half the bytes: twice the tokens in the same memory)."""
+    if dtype not in CACHE_DTYPES:
+        raise ValueError(f"dtype must be one of {CACHE_DTYPES}, got {dtype}")
     return torch.zeros((num_pages, kv_heads, PAGE_SIZE, CACHE_ROW), dtype=dtype, device=device)
 
 

@@ -64,16 +64,40 @@ def inserted_rows_f64(y64: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return torch.cat((k, v), dim=-1)
 
 
-def token_rows(kv_cache, page_table, r: int, lo: int, hi: int) -> torch.Tensor:
+def scales_f64(scale, kv_heads: int, device) -> torch.Tensor:
+    """float64 [Hkv] of a dequantization scale given per tensor or per KV head (None: 1)."""
+    if scale is None:
+        return torch.ones(kv_heads, dtype=torch.float64, device=device)
+    return scale.to(device).double().reshape(-1).expand(kv_heads)
+
+
+def token_rows(kv_cache, page_table, r: int, lo: int, hi: int, k_scale=None, v_scale=None) -> torch.Tensor:
     """float64 [Hkv, hi - lo, 128]: request r's cache rows of tokens lo .. hi-1, token t at page
-    page_table[r, t // 16], row t % 16."""
+    page_table[r, t // 16], row t % 16; an FP8 cache's rows dequantized (e4m3 value * scale)."""
     t = torch.arange(lo, hi, device=kv_cache.device)
     pages = page_table[r].to(kv_cache.device).long()[t // PAGE_SIZE]
-    return kv_cache[pages, :, t % PAGE_SIZE].double().permute(1, 0, 2)
+    rows = kv_cache[pages, :, t % PAGE_SIZE].double().permute(1, 0, 2)
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        kv_heads = kv_cache.shape[1]
+        rows[..., :HEAD_DIM] *= scales_f64(k_scale, kv_heads, rows.device)[:, None, None]
+        rows[..., HEAD_DIM:] *= scales_f64(v_scale, kv_heads, rows.device)[:, None, None]
+    return rows
 
 
-def attn2_f64(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: float) -> torch.Tensor:
-    """float64 out [q_len R, Hq 64] before the final bf16 rounding (o rounded to bf16 first)."""
+def fp8_rows(rows: torch.Tensor, k_scale=None, v_scale=None) -> torch.Tensor:
+    """The bytes an FP8 cache holds for bf16-valued rows [..., Hkv, 128] (k' | v): torch's own
+    e4m3 conversion (round to nearest even, saturating) of the fp32 quotients by the scales."""
+    kv_heads = rows.shape[-2]
+    f = rows.float()
+    ks = scales_f64(k_scale, kv_heads, f.device).float()[:, None]
+    vs = scales_f64(v_scale, kv_heads, f.device).float()[:, None]
+    return torch.cat((f[..., :HEAD_DIM] / ks, f[..., HEAD_DIM:] / vs), dim=-1).to(torch.float8_e4m3fn)
+
+
+def attn2_f64(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: float, k_scale=None,
+              v_scale=None) -> torch.Tensor:
+    """float64 out [q_len R, Hq 64] before the final bf16 rounding (o rounded to bf16 first); an
+    FP8 cache is read dequantized."""
     kv_heads = kv_cache.shape[1]
     hq = GROUP * kv_heads
     dev = kv_cache.device
@@ -82,7 +106,7 @@ def attn2_f64(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, sca
     out = torch.empty(y.shape[0], hq * HEAD_DIM, dtype=torch.float64, device=dev)
     for r, length in enumerate(seq_lens.tolist()):
         lo = max(0, length - q_len - window + 1) if window else 0     # the first key any row sees
-        kv = token_rows(kv_cache, page_table, r, lo, length)          # [Hkv, L - lo, 128]
+        kv = token_rows(kv_cache, page_table, r, lo, length, k_scale, v_scale)   # [Hkv, L - lo, 128]
         k, v = kv[..., :HEAD_DIM], kv[..., HEAD_DIM:]
         pos = torch.arange(length - q_len, length, device=dev)[:, None]
         key = torch.arange(lo, length, device=dev)[None, :]

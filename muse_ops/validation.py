@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .config import CACHE_ROW, HEAD_DIM, HIDDEN, PAGE_SIZE, SUPPORTED_Q_LENS, proj_cols
+from .config import CACHE_DTYPES, CACHE_ROW, HEAD_DIM, HIDDEN, PAGE_SIZE, SUPPORTED_Q_LENS, proj_cols
 from .errors import MuseInputError
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_CACHE_DTYPE_NAMES = " or ".join(str(d) for d in CACHE_DTYPES)
 
 
 def _fail(op: str, arg: str, expected: str, got) -> None:
@@ -45,17 +46,49 @@ def _check_tensor(op: str, arg: str, t, dtypes, ndim: int, device: torch.device 
 
 
 def check_kv_cache(op: str, kv_cache: torch.Tensor) -> int:
-    """bf16 [pages, Hkv, 16, 128], contiguous and aligned; returns Hkv."""
-    _check_tensor(op, "kv_cache", kv_cache, (torch.bfloat16,), 4, None)
+    """bf16 or float8_e4m3fn [pages, Hkv, 16, 128], contiguous and aligned; returns Hkv."""
+    _check_tensor(op, "kv_cache", kv_cache, CACHE_DTYPES, 4, None)
     pages, kv_heads, rows, width = kv_cache.shape
     if rows != PAGE_SIZE or width != CACHE_ROW or kv_heads < 1 or pages < 1:
-        _fail(op, "kv_cache", f"bf16 [pages >= 1, Hkv >= 1, {PAGE_SIZE}, {CACHE_ROW}]", _describe(kv_cache))
+        _fail(op, "kv_cache", f"{_CACHE_DTYPE_NAMES} [pages >= 1, Hkv >= 1, {PAGE_SIZE}, {CACHE_ROW}]",
+              _describe(kv_cache))
     return kv_heads
 
 
-def check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache) -> None:
+def check_scales(op: str, kv_cache: torch.Tensor, k_scale, v_scale) -> None:
+    """The dequantization scales of an FP8 cache (docs/DESIGN.md section 3b): each None (1.0) or
+    a contiguous float32 tensor on the cache's device of one element (per tensor) or [Hkv] (per KV
+    head). A bf16 cache takes none: it holds the keys and values themselves."""
+    kv_heads = kv_cache.shape[1]
+    for arg, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            continue
+        if kv_cache.dtype == torch.bfloat16:
+            _fail(op, arg, "None for a bf16 kv_cache (scales dequantize a float8_e4m3fn cache)", _describe(t)
+                  if isinstance(t, torch.Tensor) else type(t).__name__)
+        if not isinstance(t, torch.Tensor):
+            _fail(op, arg, "a float32 tensor (or None)", type(t).__name__)
+        if t.dtype != torch.float32 or t.device != kv_cache.device or not t.is_contiguous():
+            _fail(op, arg, f"a contiguous float32 tensor on {kv_cache.device}", _describe(t))
+        if not (t.numel() == 1 and t.dim() <= 1) and tuple(t.shape) != (kv_heads,):
+            _fail(op, arg, f"one element (per tensor) or [{kv_heads}] (per KV head, Hkv from kv_cache)", _describe(t))
+
+
+def check_scale_contents(op: str, k_scale, v_scale) -> None:
+    """Scales are positive and finite (a host sync: checked where contents are checked)."""
+    for arg, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None or t.numel() == 0:
+            continue
+        bad = ~(torch.isfinite(t) & (t > 0))
+        if bool(bad.any()):
+            i = int(bad.flatten().nonzero()[0, 0])
+            _fail(op, arg, "positive and finite", f"{float(t.flatten()[i])} at index {i}")
+
+
+def check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache, k_scale=None, v_scale=None) -> None:
     op = "qkv_front"
     kv_heads = check_kv_cache(op, kv_cache)
+    check_scales(op, kv_cache, k_scale, v_scale)
     dev = kv_cache.device
     _check_tensor(op, "x", x, (torch.bfloat16,), 2, dev)
     m = x.shape[0]
@@ -76,8 +109,9 @@ def check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache) -> 
             _fail(op, "cos_sin", f"float32 [max_positions, {HEAD_DIM}] (cos | sin)", _describe(cos_sin))
 
 
-def check_qkv_front_contents(positions, slots, cos_sin, kv_cache) -> None:
+def check_qkv_front_contents(positions, slots, cos_sin, kv_cache, k_scale=None, v_scale=None) -> None:
     op = "qkv_front"
+    check_scale_contents(op, k_scale, v_scale)
     capacity = kv_cache.shape[0] * PAGE_SIZE
     if slots.numel():
         bad = slots >= capacity
@@ -95,10 +129,11 @@ def check_qkv_front_contents(positions, slots, cos_sin, kv_cache) -> None:
 
 
 def _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
-                           workspace_bytes: int = 0) -> int:
+                           workspace_bytes: int = 0, k_scale=None, v_scale=None) -> int:
     """Everything of attn2's metadata but y; returns R."""
     op = "attn2"
     check_kv_cache(op, kv_cache)
+    check_scales(op, kv_cache, k_scale, v_scale)
     dev = kv_cache.device
     if q_len not in SUPPORTED_Q_LENS:
         _fail(op, "q_len", f"one of {SUPPORTED_Q_LENS}", q_len)
@@ -130,10 +165,10 @@ def check_workspace_size(workspace, workspace_bytes: int) -> None:
 
 
 def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
-                         workspace_bytes: int = 0) -> None:
+                         workspace_bytes: int = 0, k_scale=None, v_scale=None) -> None:
     op = "attn2"
     r = _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
-                               workspace_bytes)
+                               workspace_bytes, k_scale, v_scale)
     kv_heads = kv_cache.shape[1]
     n = proj_cols(kv_heads)
     _check_tensor(op, "y", y, (torch.bfloat16,), 2, kv_cache.device)
@@ -142,18 +177,58 @@ def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, wi
 
 
 def check_step_metadata(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len,
-                        window, scale, max_seq_len) -> None:
+                        window, scale, max_seq_len, k_scale=None, v_scale=None, max_batch: int | None = None,
+                        cache_dtype: str | None = None) -> None:
     """A layer step's metadata (qkv_front, then attn2 on its y): y is [M, N] by construction, so
-    what attn2 asks of y is asked of x: M = q_len * R."""
-    check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache)
-    r = _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
+    what attn2 asks of y is asked of x: M = q_len * R. A layer also passes its bound on R
+    (max_batch, which sized its workspace) and its cache dtype's name (torch.float8_e4m3fn ->
+    "float8_e4m3fn"); None skips either."""
+    check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache, k_scale, v_scale)
+    if cache_dtype is not None and str(kv_cache.dtype) != f"torch.{cache_dtype}":
+        _fail("qkv_front", "kv_cache", f"torch.{cache_dtype} (the layer's DeploymentConfig.cache_dtype)",
+              _describe(kv_cache))
+    r = _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
+                               k_scale=k_scale, v_scale=v_scale)
     if x.shape[0] != q_len * r:
         _fail("attn2", "x", f"[q_len * R, {HIDDEN}] = [{q_len * r}, {HIDDEN}] rows (R = {r} from seq_lens)",
               _describe(x))
+    if max_batch is not None and r > max_batch:
+        _fail("attn2", "seq_lens", f"at most max_batch = {max_batch} requests (the layer's DeploymentConfig."
+              "max_batch, which sized its workspace)", f"{r} requests")
 
 
-def check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len) -> None:
+def check_step_tokens(positions, slots, page_table, seq_lens, q_len: int) -> None:
+    """A layer step's tokens belong to their requests (a host sync: checked where contents are
+    checked): token i = r q_len + t of a request of length L that inserts (slot >= 0) sits at
+    position L - q_len + t, and its slot is that position's row of the request's own pages,
+    page_table[r, pos // 16] * 16 + pos % 16. So one request's step never writes another's rows.
+    Run after check_attn2_contents (L and the pages it uses are valid). Padding tokens (slot < 0)
+    write nothing and are not checked."""
+    if slots.numel() == 0:
+        return
+    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=seq_lens.device)[None, :]   # [R, q_len]
+    page = torch.gather(page_table.long(), 1, pos // PAGE_SIZE)
+    want_slots = (page * PAGE_SIZE + pos % PAGE_SIZE).reshape(-1)
+    kept = slots.reshape(-1) >= 0
+    bad = kept & (positions.reshape(-1).long() != pos.reshape(-1))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        _fail("qkv_front", "positions", "L - q_len + t for token t of each request (the block's positions)",
+              f"{int(positions[i])} at index {i} (request {i // q_len}, token {i % q_len}: expected "
+              f"{int(pos.reshape(-1)[i])})")
+    bad = kept & (slots.reshape(-1).long() != want_slots)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        _fail("qkv_front", "slots", "page_table[r, pos // 16] * 16 + pos % 16 for token t of request r at "
+              "position pos (the request's own row), or negative for padding",
+              f"{int(slots[i])} at index {i} (request {i // q_len}, token {i % q_len}: expected "
+              f"{int(want_slots[i])})")
+
+
+def check_attn2_contents(page_table, seq_lens, kv_cache, q_len, window, max_seq_len, k_scale=None,
+                         v_scale=None) -> None:
     op = "attn2"
+    check_scale_contents(op, k_scale, v_scale)
     if seq_lens.numel() == 0:
         return
     bad = (seq_lens < q_len) | (seq_lens > max_seq_len)

@@ -1,13 +1,13 @@
-"""Fake of muse::attn2: the same metadata checks as the real op, then an empty output."""
+"""Fake of muse::attn2: out's metadata, nothing checked (see meta/qkv_front.py: the real op
+checks its arguments when it runs, so a compiled call raises the package's own MuseInputError)."""
 from __future__ import annotations
 
 import torch
 
 from ..config import GROUP, HEAD_DIM
-from ..validation import check_attn2_metadata
+from .qkv_front import _dim
 
 
-def attn2_fake(y, kv_cache, page_table, seq_lens, workspace, *, q_len, window, scale, max_seq_len,
-               backend=None) -> torch.Tensor:
-    check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len)
-    return y.new_empty((y.shape[0], GROUP * kv_cache.shape[1] * HEAD_DIM))
+def attn2_fake(y, kv_cache, page_table, seq_lens, workspace, k_scale=None, v_scale=None, *, q_len, window, scale,
+               max_seq_len, backend=None) -> torch.Tensor:
+    return y.new_empty((_dim(y, 0), GROUP * _dim(kv_cache, 1) * HEAD_DIM), dtype=torch.bfloat16)

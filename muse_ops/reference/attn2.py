@@ -6,6 +6,9 @@ h // 8) sees keys [max(0, pos - W + 1), pos] with window W, [0, pos] without, an
     o   = softmax(scale * q k^T) v                 fp32
     out = bf16(sigmoid(gate) * rmsnorm(bf16(o)))   per head, weightless, eps 1e-5, fp32 math
 
+An FP8 cache holds e4m3 keys and values: key = float(e4m3) * k_scale, value = float(e4m3) *
+v_scale, per tensor or per KV head (None: 1.0); the rest is the same fp32 math.
+
 Vectorised: every request's pages are gathered up to the page table's width and masked per
 key, then one batched matmul per product. Cache rows past a request's length may hold anything
 (NaN included), so masked keys are zeroed in V, not only in the logits (0 * NaN = NaN).
@@ -15,10 +18,12 @@ from __future__ import annotations
 import torch
 
 from ..config import GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS, column_offsets
+from .qkv_front import per_head
 
 
 def attn2_ref(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
-              *, q_len: int, window: int, scale: float) -> torch.Tensor:
+              *, q_len: int, window: int, scale: float, k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> torch.Tensor:
     num_pages, kv_heads = kv_cache.shape[0], kv_cache.shape[1]
     hq = GROUP * kv_heads
     r = seq_lens.shape[0]
@@ -34,6 +39,9 @@ def attn2_ref(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
     kv = kv_cache[pages].permute(0, 2, 1, 3, 4).reshape(r, kv_heads, keys, 2 * HEAD_DIM)
     k = kv[..., :HEAD_DIM].float()                                          # [R, Hkv, T, 64]
     v = kv[..., HEAD_DIM:].float()
+    if kv_cache.dtype == torch.float8_e4m3fn:                                # dequantize per KV head
+        k = k * per_head(k_scale, kv_heads, k.device)[None, :, None, None]
+        v = v * per_head(v_scale, kv_heads, v.device)[None, :, None, None]
 
     # Query rows of request r, KV head g: token t, head j -> [R, Hkv, q_len * 8, 64]
     q = y[:, :hq * HEAD_DIM].float().view(r, q_len, kv_heads, GROUP, HEAD_DIM)
