@@ -10,6 +10,7 @@ call) are built where a C++ compiler, torch and apache-tvm-ffi are installed, ei
 Without them everything works; the ops' host path is then Python (docs/DESIGN.md section 16).
 """
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,17 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 SHIMS_SOURCE = "csrc_shims/muse_shims.cpp"
+HERE = Path(__file__).parent
+
+
+def _version() -> str:
+    """The one version string, muse_ops.__version__, read from the file (importing the package here
+    would import torch, which a build environment need not have)."""
+    text = (HERE / "muse_ops" / "__init__.py").read_text(encoding="utf-8")
+    found = re.search(r'^__version__ = "([^"]+)"', text, flags=re.M)
+    if found is None:
+        raise RuntimeError("muse_ops/__init__.py has no line `__version__ = \"X.Y.Z\"`")
+    return found.group(1)
 
 
 class BuildPyWithShimsSource(build_py):
@@ -47,17 +59,14 @@ def _shims_extension() -> dict:
 
 setup(
     name="muse_ops",
-    version="0.2.0",
+    version=_version(),
     description="Fused attention ops (QKV front, paged verify/decode attention) of Muse Spark for Hopper GPUs",
-    long_description=(Path(__file__).parent / "README.md").read_text(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="MIT",
     license_files=["LICENSE"],
-    project_urls={   # repository-relative: the documents travel with every clone and sdist
-        "Documentation": "docs/DESIGN.md",
-        "Benchmarks": "bench/RESULTS.md",
-        "Source": "README.md",
-    },
+    # no project_urls: the package has no public home page yet, and metadata URLs must be absolute
+    # (README.md, docs/DESIGN.md and bench/RESULTS.md travel with every clone and sdist)
     classifiers=[
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",

@@ -3,6 +3,8 @@
 Importing the package registers torch.ops.muse.qkv_front and torch.ops.muse.attn2 (with their
 fake implementations) and exports the module and the configs.
 """
+__version__ = "0.2.0"   # the one version string: setup.py reads it from this line
+
 from . import ops  # registers the ops
 from .backends import available_backends, backend_report, last_backend, set_backend
 from .config import DeploymentConfig
