@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     try:
         if cmd == "demo":
             from .demo import main as demo_main
-            return demo_main(rest, bench_root=_checkout_root())
+            return demo_main(rest)
         if cmd == "build-shims":
             from .cutedsl.shims import main as shims_main
             return shims_main(["build", *rest])

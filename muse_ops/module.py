@@ -125,7 +125,7 @@ class MuseAttentionDecode(nn.Module):
         step pays nothing. Returns muse_ops.prepare's report (backends, variants, seconds)."""
         device = self.qkv_weight.device
         self.workspace = self._new_workspace(device)
-        return ops.prepare(self.config, device)
+        return ops.prepare(self.config, device, self.backend)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv_cache: torch.Tensor,
                 page_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:

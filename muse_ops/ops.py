@@ -398,11 +398,12 @@ def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_len
                       k_scale, v_scale)
 
 
-def prepare(config: DeploymentConfig, device) -> dict:
+def prepare(config: DeploymentConfig, device, backend: str | None = None) -> dict:
     """Compile, or load from the disk cache, every kernel variant a deployment may launch (every
-    M of qkv_front, every batch of attn2), before its first step. Returns {"backends": {op: name},
-    "variants": [{"op", "variant", "how", "seconds"}, ...]}: how is "compiled", "loaded" (disk)
-    or "memory"; the reference backend has nothing to prepare."""
+    M of qkv_front, every batch of attn2), before its first step, on the backend each op will
+    run (`backend` as the ops take it: a requested backend that cannot run raises here). Returns
+    {"backends": {op: name}, "variants": [{"op", "variant", "how", "seconds"}, ...]}: how is
+    "aot", "compiled", "loaded" (disk) or "memory"; the reference backend has nothing to prepare."""
     device = torch.device(device)
     fp8 = config.cache_dtype == torch.float8_e4m3fn
     variants = {"qkv_front": {"kv_heads": config.kv_heads, "rope": config.rope, "fp8": fp8},
@@ -410,7 +411,7 @@ def prepare(config: DeploymentConfig, device) -> dict:
                           "max_seq_len": config.max_seq_len, "fp8": fp8}}
     report = {"backends": {}, "variants": []}
     for op, variant in variants.items():
-        name = backends.resolve(op, device, None, record=False, **variant)
+        name = backends.resolve(op, device, backend, record=False, **variant)
         report["backends"][op] = name
         if name == "cutedsl":
             from .cutedsl import launch
