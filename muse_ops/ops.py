@@ -273,11 +273,22 @@ def _plain_eager(*tensors) -> bool:
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+def _scale_arguments(op: str, k_scale, v_scale) -> None:
+    """The scales are tensors (the schema's Tensor?): say so in the package's words, not the
+    dispatcher's, where a plain float is passed."""
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise MuseInputError(f"muse::{op}: {name} must be a float32 tensor (or None), got {type(t).__name__} "
+                                 f"{t!r}; e.g. torch.tensor([{t!r}], device=kv_cache.device)")
+
+
 def qkv_front(x, weight, positions, slots, cos_sin, kv_cache, *, k_scale: torch.Tensor | None = None,
               v_scale: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
     """y [M, 1152*Hkv] = q' | k' | v | gate of x [M, 8192] (docs/DESIGN.md section 4); writes the
     new keys and values into kv_cache [pages, Hkv, 16, 128] at slots (slot < 0: no insert). An
     FP8 (float8_e4m3fn) cache gets e4m3(k' / k_scale) | e4m3(v / v_scale) (section 3b)."""
+    if k_scale is not None or v_scale is not None:
+        _scale_arguments("qkv_front", k_scale, v_scale)
     if CPP and kv_cache.is_cuda and not torch.compiler.is_compiling():
         # the C++ op checks and launches (or hands the call back to Python)
         if backend is None and k_scale is None and v_scale is None:   # (a keyword costs the parser ~0.5 us)
@@ -297,6 +308,8 @@ def attn2(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: 
     """out [q_len*R, 512*Hkv] = sigmoid(gate) * rmsnorm(paged causal attention of y's q rows)
     (docs/DESIGN.md section 5); y is qkv_front's output for the block. An FP8 cache is read as
     float(e4m3) * k_scale (keys) and * v_scale (values)."""
+    if k_scale is not None or v_scale is not None:
+        _scale_arguments("attn2", k_scale, v_scale)
     if CPP and kv_cache.is_cuda and not torch.compiler.is_compiling():
         if backend is None and k_scale is None and v_scale is None:
             return _ATTN2_CALL(y, kv_cache, page_table, seq_lens, workspace, q_len=q_len, window=window,
