@@ -70,17 +70,17 @@ def run_chain(device, log) -> list[dict]:
 
 
 def _chain_case(device, spec, log) -> dict:
-    from muse_ops.cutedsl.launch import launch_attn2, launch_qkv_front
+    from muse_ops.cutedsl.dev import launch_attn2, launch_qkv_front
     a, kv, layers, err = _stack(device, spec)
 
     def front(layer, over):
         launch_qkv_front(layer["x"], layer["w"], layer["pos"], layer["slots"], layer["cos_sin"], kv.kv_cache,
-                         layer["y"], err, _cfg_override=over)
+                         layer["y"], err, override=over)
 
     def attn(layer, over):
         c = layer["cfg"]
         launch_attn2(layer["y"], kv.kv_cache, layer["table"], kv.seq_lens, layer["out"], layer["ws"], err,
-                     q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, _cfg_override=over)
+                     q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, override=over)
 
     def stack(front_over, attn_over):
         def fn(_):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muse_ops.cutedsl import attn2_plan, launch, qkv_front_plan
+from muse_ops.cutedsl import attn2_plan, dev, launch, qkv_front_plan
 
 from muse_ops.config import GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, proj_cols
 from muse_ops.paged import block_positions, block_slots
@@ -76,8 +76,8 @@ def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err
         err = torch.zeros(1, dtype=torch.int32, device=y.device)
     over = {k: v for k, v in (("layout", layout), ("ctas_per_sm", ctas_per_sm)) if v is not None} or None
     copy = None if A.__name__ == "muse_ops.cutedsl.attn2" else A   # a dev tool's copy of the kernel
-    launch.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale,
-                   max_seq_len=max_seq_len, _cfg_override=over, _kernel=copy)
+    dev.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale,
+                     max_seq_len=max_seq_len, override=over, kernel=copy)
     return out, ws, err
 
 
@@ -325,8 +325,8 @@ def test_chain_reads_new_rows_after_the_insert(layout, q_len, window, early_ring
 
     def step():
         launch.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err)
-        launch.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=SCALE,
-                            max_seq_len=msl, _cfg_override={"layout": layout, "early_ring": early_ring})
+        dev.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=SCALE,
+                         max_seq_len=msl, override={"layout": layout, "early_ring": early_ring})
 
     step()                       # compiles
     torch.cuda.synchronize()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from muse_ops.config import HIDDEN, PAGE_SIZE, proj_cols
-from muse_ops.cutedsl import launch as L
+from muse_ops.cutedsl import dev, launch as L
 from muse_ops.errors import BAD_POSITION, BAD_SLOT
 from muse_ops.reference import rope_cos_sin
 from muse_ops.testing import assert_close, inserted_rows_f64, qkv_front_f64
@@ -58,7 +58,10 @@ def run(Q, x, w, positions, slots, cos_sin, cache, err=None, override=None):
     """One launch into a NaN-poisoned y."""
     y = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=torch.bfloat16, device=DEV)
     err = torch.zeros(1, dtype=torch.int32, device=DEV) if err is None else err
-    L.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err, _cfg_override=override)
+    if override:
+        dev.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err, override=override)
+    else:
+        L.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err)
     return y, err
 
 

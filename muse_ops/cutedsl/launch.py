@@ -6,17 +6,11 @@ else a compile by the family's kernel module, which needs the CuTe DSL), launch 
 A deployment with the ahead-of-time library (muse_ops.cutedsl.aot) runs the kernels through this
 module and TVM-FFI alone: neither the DSL compiler nor compile time at start-up.
 
-_kernel (development tools only): a copy of a kernel module (kernel_copy) to compile instead of
-the package's (an A/B of two versions of the kernel source); its variants are keyed by the copy's
-file and never written to the disk cache; nor are variants instrumented with phase stamps
-(QkvFrontConfig.stamps: an address of one process).
+Launches here run the plan's variant only. Development launches (another variant than the plan
+picks, a copy of a kernel module for an A/B) are muse_ops.cutedsl.dev's, over the same helpers.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-import sys
 import time
 
 from . import aot, compile_cache, registry, runtime, shims
@@ -24,7 +18,10 @@ from .attn2_plan import Attn2Config, launch_config as attn2_launch_config, wave_
 from .qkv_front_plan import QkvFrontConfig, k_split, launch_config as qkv_front_launch_config
 
 
-def _get(op: str, key_cfg, extra_options: str, cfg, kernel):
+def _get(op: str, key_cfg, extra_options: str, cfg, kernel=None):
+    """The compiled variant cfg (compile_cache's key: op, key_cfg, options; a kernel module other
+    than the package's adds its file). Only the package's own variants without extra options or
+    phase stamps (QkvFrontConfig.stamps: an address of one process) reach the disk cache."""
     key = (op, key_cfg, extra_options) + ((kernel.__file__,) if kernel is not None else ())
 
     def build():
@@ -33,26 +30,14 @@ def _get(op: str, key_cfg, extra_options: str, cfg, kernel):
     return compile_cache.get(key, build, disk=disk, library=aot)
 
 
-@functools.lru_cache(maxsize=None)
-def kernel_copy(path: str):
-    """The copy of a kernel module at path, imported inside this package (its relative imports
-    resolve here), for a _kernel A/B; one module per path."""
-    name = f"{__package__}._alt_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod           # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def compile_qkv_front(cfg: QkvFrontConfig, extra_options: str = "", _kernel=None):
+def compile_qkv_front(cfg: QkvFrontConfig, extra_options: str = ""):
     """The compiled qkv_front variant cfg, called with torch tensors on torch's current stream."""
-    return _get("qkv_front", cfg, extra_options, cfg, _kernel)
+    return _get("qkv_front", cfg, extra_options, cfg)
 
 
-def compile_attn2(cfg: Attn2Config, extra_options: str = "", _kernel=None):
+def compile_attn2(cfg: Attn2Config, extra_options: str = ""):
     """The compiled attn2 variant cfg (max_seq_len is a run-time argument: keyed without it)."""
-    return _get("attn2", cfg.compile_key, extra_options, cfg, _kernel)
+    return _get("attn2", cfg.compile_key, extra_options, cfg)
 
 
 COMPILE = {"qkv_front": compile_qkv_front, "attn2": compile_attn2}
@@ -86,38 +71,41 @@ def compile_all_for_ci(op: str) -> list:
     return done
 
 
-def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag,
-                     _cfg_override: dict | None = None, _kernel=None) -> None:
+def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag) -> None:
     """Write y and the cache rows on torch's current stream (graph-capturable; no host sync)."""
     m = x.shape[0]
     if m == 0:
         return
-    rope = cos_sin is not None
-    over = dict(_cfg_override or {})
-    split = over.pop("split", None) or k_split(kv_cache.shape[1])     # dev tools may force another split
-    cfg = qkv_front_launch_config(m, kv_cache.shape[1], rope, positions.dtype, slots.dtype, over)
-    fn = compile_qkv_front(cfg, _kernel=_kernel)
-    if not _cfg_override and _kernel is None:
-        shims.offer_qkv_front(cfg, fn)   # the C++ ops launch it from now on
-    if not rope:
+    cfg = qkv_front_launch_config(m, kv_cache.shape[1], cos_sin is not None, positions.dtype, slots.dtype)
+    fn = compile_qkv_front(cfg)
+    shims.offer_qkv_front(cfg, fn)   # the C++ ops launch it from now on
+    call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, k_split(kv_cache.shape[1]))
+
+
+def call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split: int) -> None:
+    """Call a compiled qkv_front variant (a dummy cos_sin where the variant has no RoPE)."""
+    if cos_sin is None:
         cos_sin = runtime.dummy_tensor(x.device)
     fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
-                 window: int, scale: float, max_seq_len: int, _cfg_override: dict | None = None,
-                 _kernel=None) -> None:
+                 window: int, scale: float, max_seq_len: int) -> None:
     """Write out on torch's current stream (graph-capturable; no host sync)."""
     r = seq_lens.shape[0]
     if r == 0:
         return
-    cfg = attn2_launch_config(r, kv_cache.shape[1], q_len, window, max_seq_len, _cfg_override,
-                              runtime.sm_count(y.device))
-    need = workspace_layout(cfg, r, kv_cache.shape[1])[2]
+    cfg = attn2_launch_config(r, kv_cache.shape[1], q_len, window, max_seq_len, None, runtime.sm_count(y.device))
+    fn = compile_attn2(cfg)
+    shims.offer_attn2(cfg, max_seq_len, fn)
+    call_attn2(fn, cfg, y, kv_cache, page_table, seq_lens, out, workspace, error_flag, scale, max_seq_len)
+
+
+def call_attn2(fn, cfg: Attn2Config, y, kv_cache, page_table, seq_lens, out, workspace, error_flag, scale: float,
+               max_seq_len: int) -> None:
+    """Call a compiled attn2 variant, its workspace checked against the batch's need."""
+    need = workspace_layout(cfg, seq_lens.shape[0], kv_cache.shape[1])[2]
     if workspace.numel() < need:
-        raise ValueError(f"workspace: need {need} bytes for {r} requests, got {workspace.numel()}")
-    fn = compile_attn2(cfg, _kernel=_kernel)
-    if not _cfg_override and _kernel is None:
-        shims.offer_attn2(cfg, max_seq_len, fn)
+        raise ValueError(f"workspace: need {need} bytes for {seq_lens.shape[0]} requests, got {workspace.numel()}")
     fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
        wave_ctas(y.device))
