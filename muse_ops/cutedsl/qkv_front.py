@@ -17,62 +17,43 @@ Tensors (contiguous, 16-byte aligned):
     y         bf16  [M, N]
     error     int32 [1]                    |= BAD_SLOT (slot >= pages * 16), |= BAD_POSITION
 
-Design (a split-K cluster per head on wgmma for every M; docs/DESIGN.md section 12):
-- The output is computed transposed ("swap AB"): a head's 64 weight rows are the M = 64 of a
-  wgmma, the tokens its N (the token tile, 8 to 256), so one wgmma shape serves one token and
-  512 alike, and the weight, the operand that is large, streams through once per token tile.
-- A cluster of S CTAs (the K split, qkv_front_plan.k_split: 3 for Hkv 1 and 2, 2 for Hkv 3, 1 for
-  Hkv 4 to 7, 2 from Hkv 8) owns one group of heads (1 or 2) and one token tile; rank r sums K tiles
-  [r 128 / S, (r+1) 128 / S) of 64 columns each. S depends on Hkv only, so at Hkv 2 the 36 heads run on 108 CTAs at any M.
-- Per CTA: one producer warp streams, per K tile, the heads' 64 x 64 weight boxes and the
-  T x 64 x box with TMA (128-byte swizzle, the canonical K-major wgmma layout), 1 or 4 K tiles a
-  stage (qkv_front_plan.TILES), into a ring of full / empty mbarriers (a partial tile's x in
-  boxes of 16 x 2^k rows that stop at most 15 rows past x, not one box reaching past it: TMA's
-  fill of rows outside a tensor is slow, bench/RESULTS.md); one consumer warpgroup per
-  head issues each tile's four m64nTk16 wgmmas (A = weight, B = x, both from shared memory) into
-  an fp32 accumulator that starts at 0, and releases a stage once the next one's wgmmas are
-  issued (one group in flight), or in tiles of up to 16 tokens, whose main loop waits for the
-  weight's bytes, once its own wgmmas are complete (qkv_front_plan.RELEASE_AT_ONCE_TILE).
-- The split-K sum: the tile's tokens are owned in blocks of 8 (an accumulator column group; 2
-  in tiles of up to 16 tokens), block b by rank b % S. Once every CTA of the cluster has drained
-  its ring (a cluster barrier), each pushes its fp32 accumulator straight from registers to the
-  owners (st.shared::cluster, 8 bytes a store; with blocks of 8, 256 contiguous bytes a warp) into
-  their landing zones in the ring, a [64 columns][block] slab per (owned block, source rank, head)
-  (qkv_front_plan.landing_slab).
-  After a second cluster barrier (release / acquire) the owner reads the S partials of its
-  rows from its own shared memory and adds them in rank order (explicit add.rn), rounds to bf16
-  and runs the epilogue: no global scratch, no atomics (except the error flag), no state across
-  calls. A push needs no reply; with the owner pulling the partials over DSMEM (the design
-  before) each epilogue pass waited on its loads: 0.2-0.35 us slower at most M, about 6 at M=512
-  (bench/RESULTS.md).
-- Epilogue: a quad of threads per (token, head) row, 16 columns each (16-byte loads and stores):
-  sum of squares in column order (fma.rn) then a butterfly over the quad, rsqrt.approx, RoPE in
-  fma.rn / mul.rn, cvt.rn.bf16x2; y, then for k and v heads the cache row (64-bit addresses: a
-  cache may exceed 2^31 elements). A slot past the cache is skipped and flagged; a position
-  outside cos_sin reads row 0 and is flagged. The cos_sin rows of a pass are loaded during the
-  pass before it (0.4 us at M=256, bench/RESULTS.md).
-- Batch invariance (the property the design is built around): a token's y and cache rows are the
-  same bits whatever M, the token tile, the heads per CTA or the K tiles per stage: its
-  accumulator sees the same k16 steps in the same order (each wgmma output element is a fixed
-  function of its own row and column), the S partials are added in the same order, and the
-  epilogue is the same code on the same quad mapping. Run to run it is deterministic for the same reasons.
+Constraints: sm_90a (wgmma, TMA, clusters, distributed shared memory, PDL). M, N, Hkv, P, the page
+count and every address are run time; N is a multiple of 64 times the heads per CTA, and the
+K split S (the cluster size, qkv_front_plan.k_split) is at most MAX_K_SPLIT. A variant
+(QkvFrontConfig) fixes the token tile (8 to 256), the heads per CTA (1 or 2), the ring depth, the
+K tiles a stage, RoPE on or off and the index dtypes. A slot past the cache is skipped and
+flagged; a position outside cos_sin reads row 0 and is flagged.
+
+Design (docs/DESIGN.md section 12 has the reasons; the measurements are in bench/RESULTS.md):
+- The output is computed transposed: the 64 weight rows of a head are the M of a wgmma and the
+  token tile its N. A cluster of S CTAs owns one head group and one token tile; rank r sums the K
+  tiles [r 128 / S, (r + 1) 128 / S) (KTiles).
+- Per CTA, a producer warp streams each K tile's weight and x boxes with TMA into a ring of full /
+  empty mbarriers (Producer, Ring); one consumer warpgroup per head accumulates its wgmmas in fp32
+  (consume).
+- The split-K sum: each consumer pushes its accumulator into the landing zones of the ranks that
+  own its tokens (push_partial, SplitK); after a cluster barrier each owner sums the S partials
+  of its rows in rank order and runs the epilogue (Epilogue: split_k_sum, norm_rope, store, the
+  cache row through KvCache.store_row). No global scratch, no atomics but the error flag, no state
+  across calls.
+- Batch invariance: a token's y and cache rows are the same bits whatever M, the token tile, the
+  heads per CTA or the K tiles per stage: its accumulator sees the same k16 steps in the same
+  order (each wgmma output element is a fixed function of its own row and column), the S partials
+  are added in the same order, and the epilogue is the same code on the same quad mapping. Run to
+  run it is deterministic for the same reasons.
 - PDL: before griddepcontrol.wait a CTA only initialises its barriers and loads weights (no kernel
   writes them inside a step); every thread waits before it touches x, positions, slots, cos_sin,
-  y or the cache. A CTA triggers the dependent launch once its producer has issued its last load
-  (tiles of up to 64 tokens) or after its main loop (larger tiles; QkvFrontConfig.trigger_point),
-  so the next kernel's prologue (attn2's) overlaps this one's last stages or its epilogue;
-  attn2's occupancy caps keep its early CTAs from crowding the SMs this grid leaves free
-  (qkv_front_plan, the trigger's comment).
-
-Measurements: bench/RESULTS.md.
+  y or the cache. The dependent launch is triggered at QkvFrontConfig.trigger_point.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cuda.bindings import driver as cuda
 
@@ -117,6 +98,521 @@ def _store_row(addr: Int64, v: cute.Tensor):
                       pack_bf16x2(v[8 * q + 4], v[8 * q + 5]), pack_bf16x2(v[8 * q + 6], v[8 * q + 7]))
 
 
+# ------------------------------------------------------------------------ device-side state
+# Small frozen objects built inside the kernel (FA4's BlockInfo / PagedKVManager shape): each
+# owns one piece of state and the @cute.jit methods that use it.
+
+@dataclass(frozen=True)
+class TokenTile:
+    """The CTA's token tile: tokens index * size .. index * size + size - 1 of the launch's m
+    (the last tile of a launch may be partial)."""
+    index: Int32
+    m: Int32
+    size: cutlass.Constexpr[int]
+
+    @cute.jit
+    def token(self, t: Int32) -> Int32:
+        """The launch token of tile token t."""
+        return self.index * self.size + t
+
+    @cute.jit
+    def count(self) -> Int32:
+        """The tile's tokens below m."""
+        return cutlass.min(Int32(self.size), self.m - self.index * self.size)
+
+
+@dataclass(frozen=True)
+class KTiles:
+    """The K tiles a rank sums, [first, first + count), per_stage to a ring stage: stage i holds
+    tiles first + i per_stage + j for j < per_stage while i per_stage + j < count (the last stage
+    may hold fewer)."""
+    first: Int32
+    count: Int32
+    per_stage: cutlass.Constexpr[int]
+
+    @cute.jit
+    def stages(self) -> Int32:
+        return (self.count + self.per_stage - 1) // self.per_stage
+
+    @cute.jit
+    def holds(self, i: Int32, j: int):
+        """Whether stage i has a j-th tile."""
+        return i * self.per_stage + j < self.count
+
+    @cute.jit
+    def tile(self, i: Int32, j: int) -> Int32:
+        """The K tile (of 64 columns) of stage i's j-th tile."""
+        return self.first + i * self.per_stage + j
+
+    @cute.jit
+    def in_stage(self, i: Int32) -> Int32:
+        """The number of tiles stage i holds."""
+        return cutlass.min(self.count - i * self.per_stage, Int32(self.per_stage))
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The CTA's ring of `stages` stages, each of per_stage K tiles: for K tile j of stage s a
+    (64, 64) weight box per head h (sW box (s per_stage + j) heads + h) and the tile's (tokens, 64)
+    x box (sX box s per_stage + j), both 128-byte swizzled (the canonical K-major wgmma layout).
+    Per stage a full barrier (the producer's arrive and its TMA bytes) and an empty one (an arrive
+    per consumer warp); the n-th use of a stage is phase n % 2 of both. After the main loop the
+    ring's bytes are the split-K sum's landing zone (SplitK)."""
+    full: cute.Pointer
+    empty: cute.Pointer
+    sW: cute.Tensor
+    sX: cute.Tensor
+    stages: cutlass.Constexpr[int]
+
+    @staticmethod
+    def allocate(smem: SmemAllocator, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout,
+                 stages: int) -> "Ring":
+        """The barriers, then the stages (x's right after the weight's)."""
+        full = smem.allocate_array(Int64, stages, byte_alignment=8)
+        empty = smem.allocate_array(Int64, stages, byte_alignment=8)
+        sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
+        sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
+        return Ring(full, empty, sW, sX, stages)
+
+    @cute.jit
+    def init(self, consumer_warps: cutlass.Constexpr[int]):
+        """One lane of one warp, before the CTA's first barrier."""
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(self.stages):
+                cute.arch.mbarrier_init(self.full + s, 1)
+                cute.arch.mbarrier_init(self.empty + s, consumer_warps)
+            cute.arch.mbarrier_init_fence()
+
+    def landing_zone(self, floats: int) -> cute.Tensor:
+        """The ring's first `floats` fp32, for the split-K sum once no CTA reads its ring again."""
+        return cute.make_tensor(cute.recast_ptr(self.sW.iterator, dtype=Float32), cute.make_layout(floats))
+
+    @cute.jit
+    def wait_full(self, i: Int32, s: Int32):
+        """The consumers: the i-th stage's bytes (stage s = i % stages) have landed."""
+        cute.arch.mbarrier_wait(self.full + s, (i // self.stages) % 2)
+
+    @cute.jit
+    def wait_empty(self, i: Int32, s: Int32):
+        """The producer: stage s's previous use (the (i - stages)-th stage) is released."""
+        cute.arch.mbarrier_wait(self.empty + s, (i // self.stages + 1) % 2)
+
+    @cute.jit
+    def release(self, s: Int32):
+        """A consumer warp's lane 0: its wgmmas no longer read stage s."""
+        cute.arch.mbarrier_arrive(self.empty + s)
+
+
+@dataclass(frozen=True)
+class TmaLoads:
+    """The kernel's TMA atoms and their tensors: the weight, the whole tile's x, and the partial
+    tile's x boxes (one atom and tensor per size in QkvFrontConfig.x_part_boxes; none for tiles
+    that use none: each is a tensor map the launch builds and passes)."""
+    w: cute.CopyAtom
+    mW: cute.Tensor
+    x: cute.CopyAtom
+    mX: cute.Tensor
+    box_atoms: tuple
+    box_tensors: tuple
+
+    @cute.jit
+    def prefetch(self):
+        cpasync.prefetch_descriptor(self.w)
+        cpasync.prefetch_descriptor(self.x)
+        for box in self.box_atoms:
+            cpasync.prefetch_descriptor(box)
+
+
+@dataclass(frozen=True)
+class XBoxes:
+    """`count` boxes of `rows` rows of a partial tile's x, from tile row `first` (every box starts
+    at a multiple of its size)."""
+    atom: cute.CopyAtom
+    tBs: cute.Tensor     # the ring's x boxes: (box, row block, 1, slot)
+    tBg: cute.Tensor     # x: (box, row block, K tile)
+    rows: cutlass.Constexpr[int]
+    count: Int32
+    first: Int32
+
+
+@dataclass(frozen=True)
+class Producer:
+    """The producer warp's loads: per K tile a weight box (64 x 64) per head and the tile's x, into
+    the ring. The x of a partial tile goes in boxes of 16 x 2^k rows (qkv_front_plan.x_part_boxes)
+    that stop at most X_BOX_MIN_ROWS - 1 rows past x, not one box reaching past it: TMA's fill of
+    rows outside a tensor is slow (bench/RESULTS.md)."""
+    ring: Ring
+    k_tiles: KTiles
+    tokens: TokenTile
+    head_group: Int32
+    heads: cutlass.Constexpr[int]
+    tma_w: cute.CopyAtom
+    tWs: cute.Tensor     # the ring's weight boxes: (box, slot * heads + head)
+    tWg: cute.Tensor     # the weight: (box, head, K tile)
+    tma_x: cute.CopyAtom
+    tXs: cute.Tensor     # the ring's x boxes: (box, slot)
+    tXg: cute.Tensor     # x: (box, token tile, K tile)
+    boxes: tuple         # XBoxes per size of a partial tile's boxes; () for tiles of up to 32 tokens
+    whole: Int32         # the tile loads x as one box (not partial, or no partial boxes)
+    step_bytes: Int32    # the TMA bytes of one K tile
+    n_stages: Int32      # the stages of the rank's K tiles
+    n_fill: Int32        # of them, the first use of each ring stage
+
+    @staticmethod
+    def create(cfg: QkvFrontConfig, tma: TmaLoads, ring: Ring, k_tiles: KTiles, tokens: TokenTile,
+               head_group: Int32) -> "Producer":
+        size, heads = cfg.token_tile, cfg.heads_per_cta
+        gW = cute.flat_divide(tma.mW, (HEAD_DIM, K_TILE))          # (64, 64, heads, 128)
+        gX = cute.flat_divide(tma.mX, (size, K_TILE))               # (tokens, 64, token tiles, 128)
+        tWs, tWg = cpasync.tma_partition(tma.w, 0, cute.make_layout(1), cute.group_modes(ring.sW, 0, 2),
+                                         cute.group_modes(gW, 0, 2))
+        tXs, tXg = cpasync.tma_partition(tma.x, 0, cute.make_layout(1), cute.group_modes(ring.sX, 0, 2),
+                                         cute.group_modes(gX, 0, 2))
+        # the rows of x a K tile loads: the whole box, or for a partial tile its rows rounded up to
+        # X_BOX_MIN_ROWS, as boxes of x_part_boxes rows (qkv_front_plan.x_part_box_counts)
+        x_rows = Int32(size)
+        boxes = []
+        if const_expr(len(cfg.x_part_boxes) > 0):
+            x_rows = cutlass.min(Int32(size), (tokens.m - tokens.index * size + X_BOX_MIN_ROWS - 1) // X_BOX_MIN_ROWS
+                                 * X_BOX_MIN_ROWS)
+            left = x_rows
+            first = Int32(0)
+            for i, rows in enumerate(cfg.x_part_boxes):
+                gB = cute.flat_divide(tma.box_tensors[i], (rows, K_TILE))    # (rows, 64, row blocks, 128)
+                sB = cute.flat_divide(ring.sX, (rows, K_TILE))               # (rows, 64, tokens / rows, 1, slots)
+                tBs, tBg = cpasync.tma_partition(tma.box_atoms[i], 0, cute.make_layout(1),
+                                                 cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+                count = left // rows
+                boxes.append(XBoxes(tma.box_atoms[i], tBs, tBg, rows, count, first))
+                left = left - count * rows
+                first = first + count * rows
+        whole = Int32(x_rows == size)
+        step_bytes = (heads * HEAD_DIM + x_rows) * K_TILE * 2
+        n_stages = k_tiles.stages()
+        n_fill = cutlass.min(n_stages, Int32(cfg.stages))
+        return Producer(ring, k_tiles, tokens, head_group, heads, tma.w, tWs, tWg, tma.x, tXs, tXg, tuple(boxes),
+                        whole, step_bytes, n_stages, n_fill)
+
+    @cute.jit
+    def issue(self, i: Int32, s: Int32, weights: cutlass.Constexpr[bool], x: cutlass.Constexpr[bool]):
+        """Stage i of the rank's K tiles into ring stage s: with `weights`, the arrive with the
+        stage's bytes on its full barrier and the heads' weight boxes; with `x`, the x boxes."""
+        per_stage, heads = self.k_tiles.per_stage, self.heads
+        if const_expr(weights):
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(self.ring.full + s, self.k_tiles.in_stage(i) * self.step_bytes)
+        for j in cutlass.range_constexpr(per_stage):
+            if self.k_tiles.holds(i, j):
+                kt = self.k_tiles.tile(i, j)
+                if const_expr(weights):
+                    for h in cutlass.range_constexpr(heads):
+                        cute.copy(self.tma_w, self.tWg[None, self.head_group * heads + h, kt],
+                                  self.tWs[None, (s * per_stage + j) * heads + h], tma_bar_ptr=self.ring.full + s)
+                if const_expr(x):
+                    self.load_x(kt, s * per_stage + j, self.ring.full + s)
+
+    @cute.jit
+    def load_x(self, kt: Int32, slot: Int32, bar: cute.Pointer):
+        """K tile kt of the tile's x into ring slot `slot`: one box for a whole tile, else the
+        partial tile's boxes. Rows past x keep whatever the ring held: they only reach the wgmma
+        columns of tokens past M, which nothing stores."""
+        tile = self.tokens.index
+        if const_expr(len(self.boxes) == 0):
+            cute.copy(self.tma_x, self.tXg[None, tile, kt], self.tXs[None, slot], tma_bar_ptr=bar)
+        else:
+            if self.whole != 0:
+                cute.copy(self.tma_x, self.tXg[None, tile, kt], self.tXs[None, slot], tma_bar_ptr=bar)
+            else:
+                for box in self.boxes:
+                    for b in cutlass.range(box.count, unroll=1):
+                        block = box.first // box.rows + b
+                        cute.copy(box.atom, box.tBg[None, tile * (self.tokens.size // box.rows) + block, kt],
+                                  box.tBs[None, block, 0, slot], tma_bar_ptr=bar)
+
+
+@dataclass(frozen=True)
+class TileIndices:
+    """The tile's cache slots and RoPE rows in shared memory: the producer stages them while the
+    ring fills, so the epilogue's only global loads are cos_sin rows."""
+    sSlot: cute.Tensor   # Int64 [tokens]
+    sPos: cute.Tensor    # Int32 [tokens]: the cos_sin row (0 for a position outside cos_sin)
+    rope: cutlass.Constexpr[bool]
+
+    @staticmethod
+    def allocate(smem: SmemAllocator, size: int, rope: bool) -> "TileIndices":
+        sSlot = smem.allocate_tensor(Int64, cute.make_layout(size), byte_alignment=16)
+        sPos = smem.allocate_tensor(Int32, cute.make_layout(size), byte_alignment=16)
+        return TileIndices(sSlot, sPos, rope)
+
+    @cute.jit
+    def stage(self, tokens: TokenTile, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor):
+        """The producer warp: a position outside cos_sin becomes row 0 and sets BAD_POSITION.
+        Tokens past m repeat the last one (and flag nothing)."""
+        lane = cute.arch.lane_idx()
+        n_pos = Int64(mCS.shape[0])
+        for i in cutlass.range(lane, tokens.size, 32, unroll=1):
+            token = cutlass.min(tokens.token(i), tokens.m - 1)
+            self.sSlot[i] = Int64(mSlot[token])
+            if const_expr(self.rope):
+                pos = Int64(mPos[token])
+                ok = Int32(pos >= 0) * Int32(pos < n_pos)
+                if ok == 0:
+                    pos = Int64(0)
+                    if tokens.token(i) < tokens.m:
+                        set_error_bit(mErr, BAD_POSITION)
+                self.sPos[i] = Int32(pos)
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """Rank `rank` of the cluster's K split of `split`: which rank owns which tokens, and where a
+    partial lands. The tile's tokens are owned in blocks of `block` (an accumulator column group),
+    block b by rank b % split as its (b // split)-th owned block; the partial from rank `source` for
+    head h of an owner's o-th block lands in slab qkv_front_plan.landing_slab(o, source, h) of the
+    owner's landing zone, at landing_offset(column, token % block) in it."""
+    rank: Int32
+    split: Int32
+    sL: cute.Tensor      # this CTA's landing zone (fp32, over the ring)
+    block: cutlass.Constexpr[int]
+    heads: cutlass.Constexpr[int]
+    slab_floats: cutlass.Constexpr[int]
+
+    @staticmethod
+    def create(rank: Int32, split: Int32, ring: Ring, cfg: QkvFrontConfig) -> "SplitK":
+        return SplitK(rank, split, ring.landing_zone(cfg.landing_bytes // 4), cfg.owner_block, cfg.heads_per_cta,
+                      landing_slab_floats(cfg.owner_block))
+
+    def k_tiles(self, per_stage: int) -> KTiles:
+        """The rank's K tiles [rank 128 / S, (rank + 1) 128 / S): a function of the split alone,
+        which depends on Hkv alone."""
+        first = self.rank * K_TILES // self.split
+        return KTiles(first, (self.rank + 1) * K_TILES // self.split - first, per_stage)
+
+    @cute.jit
+    def magic(self) -> Int32:
+        """b // split = (b magic) >> DIV_SHIFT."""
+        return ((1 << DIV_SHIFT) + self.split - 1) // self.split
+
+    @cute.jit
+    def slab(self, owned_block: Int32, source: Int32, head: Int32) -> Int32:
+        """The fp32 offset of a slab in a landing zone."""
+        return landing_slab(owned_block, source, head, self.split, self.heads) * self.slab_floats
+
+    @cute.jit
+    def owned_token(self, index: Int32) -> Int32:
+        """The tile token of this rank's index-th owned token."""
+        return owned_token(index, self.rank, self.split, self.block)
+
+    @cute.jit
+    def owned_tokens(self, t_count: Int32) -> Int32:
+        """The tokens this rank owns of the tile's first t_count (qkv_front_plan.owned_tokens):
+        its whole blocks below t_count, then the partial block if that is its."""
+        magic = self.magic()
+        whole = t_count // self.block
+        whole_owned = ((whole - self.rank + self.split - 1) * magic) >> DIV_SHIFT
+        n_own = whole_owned * self.block
+        if whole - ((whole * magic) >> DIV_SHIFT) * self.split == self.rank:
+            n_own = n_own + t_count % self.block
+        return n_own
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """The paged K/V cache as the epilogue writes it: row (page, kv head, slot % 16) holds k' in
+    columns 0:64 and v in 64:128, from y's heads hq .. hq + hkv - 1 (k) and the next hkv (v).
+    Rows are addressed in 64 bits (a cache may exceed 2^31 elements)."""
+    base: Int64          # the cache's global address
+    hq: Int32            # y's q heads, before its k heads
+    hkv: Int32
+    capacity: Int64      # pages * PAGE_SIZE slots
+    mErr: cute.Tensor
+
+    @staticmethod
+    def create(mCache: cute.Tensor, mErr: cute.Tensor) -> "KvCache":
+        hkv = mCache.shape[1]
+        return KvCache(mCache.iterator.toint(), GROUP * hkv, hkv, Int64(mCache.shape[0]) * PAGE_SIZE, mErr)
+
+    @cute.jit
+    def store_row(self, row: cute.Tensor, slot: Int64, head: Int32, is_v: Int32, col: Int32):
+        """A quad lane's ROW_COLS columns from col of y's k head (is_v 0) or v head (is_v 1)
+        `head` into the cache row of `slot`, rounded to bf16 as y's are (the values are y's fp32
+        row: v exact in bf16, k' rotated but not yet rounded). A negative slot (padding) stores
+        nothing; a slot past the cache stores nothing and sets BAD_SLOT."""
+        if slot >= 0:
+            if slot < self.capacity:
+                kv_head = head - self.hq - is_v * self.hkv
+                page = slot // PAGE_SIZE
+                cache_row = (page * self.hkv + kv_head) * PAGE_SIZE + slot % PAGE_SIZE
+                cache_col = is_v * HEAD_DIM + col
+                _store_row(self.base + (cache_row * CACHE_ROW + cache_col) * 2, row)
+            else:
+                if col == 0:
+                    set_error_bit(self.mErr, BAD_SLOT)
+
+
+@dataclass(frozen=True)
+class CosSin:
+    """RoPE's cos and sin of a lane's ROW_COLS columns, loaded a pass ahead: the partials are in
+    this CTA's shared memory, so a cos_sin row's L2 latency would otherwise be each pass's longest
+    wait (bench/RESULTS.md)."""
+    mCS: cute.Tensor
+    sPos: cute.Tensor
+    col: Int32
+    cos: cute.Tensor         # this pass's (ROW_COLS / 2 frequencies)
+    sin: cute.Tensor
+    cos_ahead: cute.Tensor   # the next pass's
+    sin_ahead: cute.Tensor
+
+    @staticmethod
+    def create(mCS: cute.Tensor, sPos: cute.Tensor, col: Int32) -> "CosSin":
+        tensors = [cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32) for _ in range(4)]
+        return CosSin(mCS, sPos, col, *tensors)
+
+    @cute.jit
+    def load_ahead(self, t: Int32):
+        """Token t's row, frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1, for the next pass."""
+        pos = self.sPos[t]
+        quarter = self.col // ROW_COLS
+        cute.autovec_copy(cute.local_tile(self.mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], self.cos_ahead)
+        cute.autovec_copy(cute.local_tile(self.mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None],
+                          self.sin_ahead)
+
+    @cute.jit
+    def advance(self):
+        """The rows loaded ahead become this pass's."""
+        for i in cutlass.range_constexpr(ROW_COLS // 2):
+            self.cos[i] = self.cos_ahead[i]
+            self.sin[i] = self.sin_ahead[i]
+
+    @cute.jit
+    def rotate(self, v: cute.Tensor):
+        """v's pairs (2i, 2i+1) rotated in place (fp32; the store rounds them)."""
+        for i in cutlass.range_constexpr(ROW_COLS // 2):
+            even = v[2 * i]
+            odd = v[2 * i + 1]
+            v[2 * i] = fma_rn(even, self.cos[i], -mul_rn(odd, self.sin[i]))
+            v[2 * i + 1] = fma_rn(odd, self.cos[i], mul_rn(even, self.sin[i]))
+
+
+@dataclass(frozen=True)
+class EpilogueRow:
+    """A lane's row of one epilogue pass: the owner's own-th owned token (tile token t, launch token
+    `token`) and the CTA's hh-th head (`head` of N / 64). Lanes past the rank's last row repeat it
+    (active 0): the butterfly needs the whole quad, but they store nothing."""
+    active: Int32
+    own: Int32
+    t: Int32
+    hh: Int32
+    token: Int32
+    head: Int32
+    is_qk: Int32         # a q or k head: normed (and rotated)
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """The owner's epilogue as one consumer thread runs it: the rows this rank owns (its tokens x
+    the CTA's heads; row r is owned token r // heads, head r % heads), a quad of lanes per row,
+    ROW_COLS columns from `col` a lane, rows_per_pass rows a pass. y's heads are q (cache.hq of
+    them) | k (cache.hkv) | v (cache.hkv) | gate."""
+    split_k: SplitK
+    tokens: TokenTile
+    slots: cute.Tensor   # TileIndices.sSlot
+    head_group: Int32
+    heads: cutlass.Constexpr[int]
+    rows: Int32          # the rows this rank owns
+    lane_row: Int32      # this lane's row in a pass
+    col: Int32           # its first column
+    y_base: Int64        # y's global address
+    n: Int32             # y's columns
+    cache: KvCache
+    cos_sin: CosSin
+    rope: cutlass.Constexpr[bool]
+
+    @staticmethod
+    def create(cfg: QkvFrontConfig, split_k: SplitK, tokens: TokenTile, head_group: Int32, indices: TileIndices,
+               mCS: cute.Tensor, mY: cute.Tensor, cache: KvCache) -> "Epilogue":
+        tidx, _, _ = cute.arch.thread_idx()
+        rows = split_k.owned_tokens(tokens.count()) * cfg.heads_per_cta
+        lane_row = tidx // ROW_THREADS
+        col = (tidx % ROW_THREADS) * ROW_COLS
+        return Epilogue(split_k, tokens, indices.sSlot, head_group, cfg.heads_per_cta, rows, lane_row, col,
+                        mY.iterator.toint(), mY.shape[1], cache, CosSin.create(mCS, indices.sPos, col), cfg.rope)
+
+    @cute.jit
+    def load_cos_sin_ahead(self, r: Int32):
+        """The cos and sin of row r's token, for the pass that holds it."""
+        self.cos_sin.load_ahead(self.split_k.owned_token(r // self.heads))
+
+    @cute.jit
+    def row(self, base: Int32) -> EpilogueRow:
+        """This lane's row of the pass from row `base`."""
+        active = Int32(base + self.lane_row < self.rows)
+        r = cutlass.min(base + self.lane_row, self.rows - 1)
+        own = r // self.heads
+        t = self.split_k.owned_token(own)
+        hh = r % self.heads
+        token = self.tokens.token(t)
+        head = self.head_group * self.heads + hh
+        is_qk = Int32(head < self.cache.hq + self.cache.hkv)
+        return EpilogueRow(active, own, t, hh, token, head, is_qk)
+
+    @cute.jit
+    def split_k_sum(self, row: EpilogueRow) -> cute.Tensor:
+        """bf16(the sum of the S partials of the row's columns), in fp32: from this CTA's landing
+        zone (the pushes were acquired), every rank's loads out together, then added in rank
+        order, one rounding an add."""
+        block, split_k = self.split_k.block, self.split_k
+        acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+        acc.fill(0.0)
+        part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, MAX_K_SPLIT), stride=(1, ROW_COLS)), Float32)
+        at = landing_offset(self.col, row.own % block, block)   # column col + c is at + c * block (c < 16)
+        for g in cutlass.range_constexpr(MAX_K_SPLIT):
+            if g < split_k.split:
+                slab = split_k.slab(row.own // block, g, row.hh)
+                for c in cutlass.range_constexpr(ROW_COLS):
+                    part[c, g] = split_k.sL[slab + at + c * block]
+        for g in cutlass.range_constexpr(MAX_K_SPLIT):
+            if g < split_k.split:
+                for c in cutlass.range_constexpr(ROW_COLS):
+                    acc[c] = add_rn(acc[c], part[c, g])
+        pb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
+        pb.store(acc.load().to(BFloat16))
+        p = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+        p.store(pb.load().to(Float32))
+        return p
+
+    @cute.jit
+    def norm_rope(self, p: cute.Tensor, row: EpilogueRow) -> cute.Tensor:
+        """q and k heads: bf16(p rsqrt(mean(p^2) + eps)), with RoPE rotated; v and gate heads: p.
+        Every lane computes the norm (the rows of one warp may be of different kinds; the
+        butterfly needs the whole warp)."""
+        rs = _row_norm(p)
+        normed = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+        for c in cutlass.range_constexpr(ROW_COLS):
+            normed[c] = mul_rn(p[c], rs)
+        nb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
+        nb.store(normed.load().to(BFloat16))
+        out = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+        out.store(nb.load().to(Float32))
+        if const_expr(self.rope):
+            self.cos_sin.rotate(out)
+        for c in cutlass.range_constexpr(ROW_COLS):
+            out[c] = select(row.is_qk, out[c], p[c])
+        return out
+
+    @cute.jit
+    def store(self, out: cute.Tensor, row: EpilogueRow):
+        """y, then for a k or v head the cache row."""
+        if row.active != 0:
+            _store_row(self.y_base + (Int64(row.token) * self.n + row.head * HEAD_DIM + self.col) * 2, out)
+            hq, hkv = self.cache.hq, self.cache.hkv
+            is_k = Int32(row.head >= hq) * row.is_qk
+            is_v = Int32(row.head >= hq + hkv) * Int32(row.head < hq + 2 * hkv)
+            if is_k + is_v != 0:
+                self.cache.store_row(out, self.slots[row.t], row.head, is_v, self.col)
+
+
+# ------------------------------------------------------------------------------------ kernel
 class QkvFrontSm90:
     """One variant of the qkv_front kernel (see the module docstring)."""
 
@@ -131,8 +627,6 @@ class QkvFrontSm90:
         self.producer_warp = 4 * cfg.heads_per_cta
         self.rows_per_pass = self.consumer_threads // ROW_THREADS
         self.x_part_boxes = cfg.x_part_boxes
-        self.owner_block = cfg.owner_block
-        self.slab = landing_slab_floats(cfg.owner_block)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor,       # bf16 [M, 8192]
@@ -180,192 +674,109 @@ class QkvFrontSm90:
         """CTA (rank, tile, head_group): the K tiles of `rank` for the heads_per_cta heads from
         head_group * heads_per_cta and the token_tile tokens from tile * token_tile. Warps
         0 .. 4 heads_per_cta - 1 are the consumer warpgroups (one head each), the next one the producer."""
-        tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
         tidx, _, _ = cute.arch.thread_idx()
         rank, tile, head_group = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self.stamp("entry")
 
-        # ---- shared memory: the ring's barriers and stages (x's stages right after the weight's),
-        # the epilogue's indices; after the main loop the ring is the landing zone of the split-K sum
+        # ---- shared memory: the ring, the tile's indices; after the main loop the ring is the
+        # landing zone of the split-K sum
         smem = SmemAllocator()
-        full = smem.allocate_array(Int64, stages, byte_alignment=8)
-        empty = smem.allocate_array(Int64, stages, byte_alignment=8)
-        sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
-        sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
-        sSlot = smem.allocate_tensor(Int64, cute.make_layout(tokens), byte_alignment=16)   # the tile's slots
-        sPos = smem.allocate_tensor(Int32, cute.make_layout(tokens), byte_alignment=16)    # and RoPE rows
-        sL = cute.make_tensor(cute.recast_ptr(sW.iterator, dtype=Float32),
-                              cute.make_layout(self.cfg.landing_bytes // 4))
+        ring = Ring.allocate(smem, sW_layout, sX_layout, self.stages)
+        indices = TileIndices.allocate(smem, self.token_tile, self.rope)
+        split_k = SplitK.create(rank, split, ring, self.cfg)
+        tma = TmaLoads(tma_w, mW_tma, tma_x, mX_tma, box_atoms, box_tensors)
         if warp == self.producer_warp:
-            cpasync.prefetch_descriptor(tma_w)
-            cpasync.prefetch_descriptor(tma_x)
-            for box in box_atoms:
-                cpasync.prefetch_descriptor(box)
-            with cute.arch.elect_one():
-                for s in cutlass.range_constexpr(stages):
-                    cute.arch.mbarrier_init(full + s, 1)
-                    cute.arch.mbarrier_init(empty + s, 4 * heads)   # one arrive per consumer warp
-                cute.arch.mbarrier_init_fence()
+            tma.prefetch()
+            ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp
         cute.arch.sync_threads()
 
-        # ---- this rank's K tiles: a function of the split alone, which depends on Hkv alone (the
-        # last stage may hold fewer than tiles_per_stage of them)
-        kt_lo = rank * K_TILES // split
-        n_k = (rank + 1) * K_TILES // split - kt_lo
-
+        # ---- main loop: the producer streams the rank's K tiles, the consumers accumulate them;
+        # then every CTA's ring is drained and the consumers push their partials to the owners
+        k_tiles = split_k.k_tiles(self.tiles_per_stage)
+        tokens = TokenTile(tile, mY.shape[0], self.token_tile)
         if warp == self.producer_warp:
-            self.produce(tma_w, mW_tma, tma_x, mX_tma, box_atoms, box_tensors, sW, sX, full, empty, head_group, tile, kt_lo, n_k, mPos, mSlot, mCS, mErr, sSlot, sPos,
-                         mY.shape[0])
+            producer = Producer.create(self.cfg, tma, ring, k_tiles, tokens, head_group)
+            self.produce(producer, indices, mPos, mSlot, mCS, mErr)
             self.rings_drained()
         else:
-            acc = self.consume(sW, sX, full, empty, n_k, warp // 4, tidx % 128)
+            acc = self.consume(ring, k_tiles, warp // 4, tidx % 128)
             self.stamp("loop_end")
             if const_expr(self.cfg.trigger_point == "main_loop"):
                 cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
             self.rings_drained()
             self.stamp("drained")
-            self.push_partial(acc, sL, warp // 4, tidx % 128, rank, split)
-        # the pushes are released to their owners and acquired by them; after this no CTA touches
-        # another's shared memory, so none waits for its peers again
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
+            self.push_partial(acc, split_k, warp // 4, tidx % 128)
+        self.partials_landed()
         self.stamp("pushed")
+
+        # ---- epilogue: the owners' rows, summed, normed, stored
         if warp < self.producer_warp:
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()   # before the first global access of these threads
             if const_expr(self.cfg.epilogue):
-                self.reduce_and_store(sL, sSlot, sPos, mCS, mCache, mY, mErr, split, rank, head_group, tile, tidx)
+                cache = KvCache.create(mCache, mErr)
+                self.epilogue(Epilogue.create(self.cfg, split_k, tokens, head_group, indices, mCS, mY, cache))
                 self.stamp("done")
 
     @cute.jit
-    def produce(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
-                box_atoms, box_tensors, sW: cute.Tensor, sX: cute.Tensor, full, empty, head_group: Int32, tile: Int32,
-                kt_lo: Int32, n_k: Int32, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
-                sSlot: cute.Tensor, sPos: cute.Tensor, m: Int32):
-        """The producer warp: per K tile, a weight box (64 x 64) per head and the tile's x
-        (load_x), tiles_per_stage K tiles to a stage. The weights of the first stages go out before
-        griddepcontrol.wait; once the ring is full, the epilogue's indices are staged (stage_indices)."""
-        tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
-        tiles_per_stage = self.tiles_per_stage
-        gW = cute.flat_divide(mW_tma, (HEAD_DIM, K_TILE))          # (64, 64, heads, 128)
-        gX = cute.flat_divide(mX_tma, (tokens, K_TILE))                 # (tokens, 64, token tiles, 128)
-        tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
-                                         cute.group_modes(gW, 0, 2))
-        tXs, tXg = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                         cute.group_modes(gX, 0, 2))
-        # the rows of x a K tile loads: the whole box, or for a partial tile its rows rounded up to
-        # X_BOX_MIN_ROWS, as boxes of x_part_boxes rows (qkv_front_plan.x_part_box_counts)
-        x_rows = Int32(tokens)
-        boxes = []   # (atom, smem boxes, gmem boxes, rows, count, first row in the tile)
-        if const_expr(len(self.x_part_boxes) > 0):
-            x_rows = cutlass.min(Int32(tokens), (m - tile * tokens + X_BOX_MIN_ROWS - 1) // X_BOX_MIN_ROWS
-                                 * X_BOX_MIN_ROWS)
-            left = x_rows
-            first = Int32(0)
-            for i, rows in enumerate(self.x_part_boxes):
-                gB = cute.flat_divide(box_tensors[i], (rows, K_TILE))    # (rows, 64, row blocks, 128)
-                sB = cute.flat_divide(sX, (rows, K_TILE))                # (rows, 64, tokens / rows, 1, slots)
-                tBs, tBg = cpasync.tma_partition(box_atoms[i], 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                                 cute.group_modes(gB, 0, 2))
-                count = left // rows
-                boxes.append((box_atoms[i], tBs, tBg, rows, count, first))
-                left = left - count * rows
-                first = first + count * rows
-        whole = Int32(x_rows == tokens)
-        step_bytes = (heads * HEAD_DIM + x_rows) * K_TILE * 2
-        n_stages = (n_k + tiles_per_stage - 1) // tiles_per_stage
-        n_pre = cutlass.min(n_stages, Int32(stages))
-        for i in cutlass.range(n_pre, unroll=1):
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(
-                    full + i, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * step_bytes)
-            for j in cutlass.range_constexpr(tiles_per_stage):
-                if i * tiles_per_stage + j < n_k:
-                    for h in cutlass.range_constexpr(heads):
-                        cute.copy(tma_w, tWg[None, head_group * heads + h, kt_lo + i * tiles_per_stage + j],
-                                  tWs[None, (i * tiles_per_stage + j) * heads + h], tma_bar_ptr=full + i)
+    def produce(self, producer: Producer, indices: TileIndices, mPos: cute.Tensor, mSlot: cute.Tensor,
+                mCS: cute.Tensor, mErr: cute.Tensor):
+        """The producer warp: the weights of the first stages go out before griddepcontrol.wait,
+        their x after it; while those are in flight the epilogue's indices are staged; then every
+        later stage once its previous use is released."""
+        for i in cutlass.range(producer.n_fill, unroll=1):
+            producer.issue(i, i, weights=True, x=False)
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()   # x is the previous kernel's output
             self.stamp("wait")
-        for i in cutlass.range(n_pre, unroll=1):
-            for j in cutlass.range_constexpr(tiles_per_stage):
-                if i * tiles_per_stage + j < n_k:
-                    self.load_x(tma_x, tXs, tXg, boxes, whole, tile, kt_lo + i * tiles_per_stage + j,
-                                i * tiles_per_stage + j, full + i)
-        self.stage_indices(mPos, mSlot, mCS, mErr, sSlot, sPos, m, tile)   # the ring is in flight meanwhile
-        for i in cutlass.range(n_pre, n_stages, unroll=1):
-            s = i % stages
-            cute.arch.mbarrier_wait(empty + s, (i // stages + 1) % 2)   # its previous use is released
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(
-                    full + s, cutlass.min(n_k - i * tiles_per_stage, Int32(tiles_per_stage)) * step_bytes)
-            for j in cutlass.range_constexpr(tiles_per_stage):
-                if i * tiles_per_stage + j < n_k:
-                    kt = kt_lo + i * tiles_per_stage + j
-                    for h in cutlass.range_constexpr(heads):
-                        cute.copy(tma_w, tWg[None, head_group * heads + h, kt],
-                                  tWs[None, (s * tiles_per_stage + j) * heads + h],
-                                  tma_bar_ptr=full + s)
-                    self.load_x(tma_x, tXs, tXg, boxes, whole, tile, kt, s * tiles_per_stage + j, full + s)
+        for i in cutlass.range(producer.n_fill, unroll=1):
+            producer.issue(i, i, weights=False, x=True)
+        indices.stage(producer.tokens, mPos, mSlot, mCS, mErr)   # the ring is in flight meanwhile
+        for i in cutlass.range(producer.n_fill, producer.n_stages, unroll=1):
+            s = i % self.stages
+            producer.ring.wait_empty(i, s)
+            producer.issue(i, s, weights=True, x=True)
         if const_expr(self.cfg.trigger_point == "last_load"):
             # every load of this CTA is issued: the next kernel may launch and run its prologue
             # while the ring drains (qkv_front_plan, the trigger's comment)
             cute.arch.griddepcontrol_launch_dependents()
         self.stamp("issued")
 
-    @cute.jit
-    def load_x(self, tma_x: cute.CopyAtom, tXs: cute.Tensor, tXg: cute.Tensor, boxes, whole: Int32, tile: Int32,
-               kt: Int32, slot: Int32, bar):
-        """K tile kt of the tile's x into ring slot `slot`: one box for a whole tile, else the
-        partial tile's boxes (the last may reach past x by fewer than X_BOX_MIN_ROWS rows). Rows
-        past x keep whatever the ring held: they only reach the wgmma columns of tokens past M,
-        which nothing stores."""
-        if const_expr(len(boxes) == 0):
-            cute.copy(tma_x, tXg[None, tile, kt], tXs[None, slot], tma_bar_ptr=bar)
-        else:
-            if whole != 0:
-                cute.copy(tma_x, tXg[None, tile, kt], tXs[None, slot], tma_bar_ptr=bar)
-            else:
-                for atom, tBs, tBg, rows, count, first in boxes:
-                    for b in cutlass.range(count, unroll=1):
-                        block = first // rows + b
-                        cute.copy(atom, tBg[None, tile * (self.token_tile // rows) + block, kt],
-                                  tBs[None, block, 0, slot], tma_bar_ptr=bar)
-
     def tiled_mma(self):
         """The wgmma of a consumer warpgroup: 64 head columns x token_tile tokens, fp32."""
-        return sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, warpgroup.OperandMajorMode.K,
-                                                 warpgroup.OperandMajorMode.K, Float32, (1, 1, 1),
-                                                 (HEAD_DIM, self.token_tile))
+        return sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                 (1, 1, 1), (HEAD_DIM, self.token_tile))
 
     @cute.jit
-    def consume(self, sW: cute.Tensor, sX: cute.Tensor, full, empty, n_k: Int32, wg: Int32, wg_tidx: Int32):
+    def consume(self, ring: Ring, k_tiles: KTiles, wg: Int32, wg_tidx: Int32):
         """Consumer warpgroup wg (head head_group * heads + wg): acc (64 rows x tokens tokens, fp32, from
         0) += W_tile x_tile^tokens over the rank's K tiles in order, four k16 wgmmas a tile, one wgmma
-        group a stage, mma_lag groups in flight when a stage is released (1, or 0 for tiles of up
-        to RELEASE_AT_ONCE_TILE tokens). Returns the accumulator, every wgmma complete."""
+        group a stage, mma_lag groups in flight when a stage is released: 1 (a stage is freed once
+        the next one's wgmmas are issued), or 0 in tiles of up to RELEASE_AT_ONCE_TILE tokens, whose
+        main loop waits for the weight's bytes (a stage is freed once its own wgmmas are complete).
+        Returns the accumulator, every wgmma complete."""
         tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
         mma = self.tiled_mma()
         thr = mma.get_slice(wg_tidx)
         atom = cute.make_mma_atom(mma.op)
-        tCrW = thr.make_fragment_A(thr.partition_A(sW))
-        tCrX = thr.make_fragment_B(thr.partition_B(sX))
+        tCrW = thr.make_fragment_A(thr.partition_A(ring.sW))
+        tCrX = thr.make_fragment_B(thr.partition_B(ring.sX))
         acc = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, tokens)), Float32)
         acc.fill(0.0)
         atom.set(warpgroup.Field.ACCUMULATE, True)
         lane = cute.arch.lane_idx()
         tiles_per_stage = self.tiles_per_stage
-        for i in cutlass.range((n_k + tiles_per_stage - 1) // tiles_per_stage, unroll=1):
+        for i in cutlass.range(k_tiles.stages(), unroll=1):
             s = i % stages
-            cute.arch.mbarrier_wait(full + s, (i // stages) % 2)
+            ring.wait_full(i, s)
             if const_expr(self.cfg.stamps != 0):   # (stamp guards itself; this keeps i == 0 out of plain variants)
                 if i == 0:
                     self.stamp("first")
             warpgroup.fence()
             for j in cutlass.range_constexpr(tiles_per_stage):
                 # K tiles in order, k16 steps in order: the same for any tiles_per_stage
-                if i * tiles_per_stage + j < n_k:
+                if k_tiles.holds(i, j):
                     for kb in cutlass.range_constexpr(K_TILE // 16):
                         cute.gemm(atom, acc, tCrW[None, None, kb, (s * tiles_per_stage + j) * heads + wg],
                                   tCrX[None, None, kb, s * tiles_per_stage + j], acc)
@@ -374,11 +785,11 @@ class QkvFrontSm90:
                 warpgroup.wait_group(1)      # the previous stage's wgmmas have read it: free it
                 if i > 0:
                     if lane == 0:
-                        cute.arch.mbarrier_arrive(empty + (i - 1) % stages)
+                        ring.release((i - 1) % stages)
             else:
                 warpgroup.wait_group(0)      # memory-bound tiles: free this stage at once
                 if lane == 0:
-                    cute.arch.mbarrier_arrive(empty + s)
+                    ring.release(s)
         warpgroup.wait_group(0)
         return acc
 
@@ -391,32 +802,55 @@ class QkvFrontSm90:
         cute.arch.cluster_wait()
 
     @cute.jit
-    def push_partial(self, acc: cute.Tensor, sL: cute.Tensor, wg: Int32, wg_tidx: Int32, rank: Int32,
-                     split: Int32):
-        """Consumer warpgroup wg: the accumulator to its owners' landing zones. Token block b (of
-        owner_block tokens) belongs to rank b % split, and lands in its slab
-        qkv_front_plan.landing_slab(b // split, rank, wg) at landing_offset(column, token %
-        owner_block). A thread holds each head column's tokens in consecutive pairs (the wgmma C
-        layout: values (2 columns, 2 row halves, column groups)), so it stores 8 bytes at a time;
-        with blocks of 8 a warp's store of one column group is 256 contiguous bytes to one owner.
-        Stores to a peer need no reply, so the warps go on as soon as they are issued."""
+    def partials_landed(self):
+        """Every thread of the cluster: the pushes are released to their owners and acquired by
+        them; after this no CTA touches another's shared memory, so none waits for its peers again."""
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+
+    @cute.jit
+    def push_partial(self, acc: cute.Tensor, split_k: SplitK, wg: Int32, wg_tidx: Int32):
+        """Consumer warpgroup wg: the accumulator to its owners' landing zones (SplitK). A thread
+        holds each head column's tokens in consecutive pairs (the wgmma C layout: values (2
+        columns, 2 row halves, column groups)), so it stores 8 bytes at a time; with blocks of 8 a
+        warp's store of one column group is 256 contiguous bytes to one owner. A store to a peer
+        needs no reply, so the warps go on as soon as they are issued (an owner pulling the
+        partials instead would wait on its loads in every epilogue pass, bench/RESULTS.md)."""
         thr = self.tiled_mma().get_slice(wg_tidx)
         coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
-        magic = ((1 << DIV_SHIFT) + split - 1) // split
+        magic = split_k.magic()
         # the landing zone's address in each rank's window (ranks past the split: the last one, unused)
-        base = [cute.arch.map_dsmem_ptr(sL.iterator, cutlass.min(Int32(r), split - 1)).toint()
+        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, cutlass.min(Int32(r), split_k.split - 1)).toint()
                 for r in range(MAX_K_SPLIT)]
-        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-            c, t = coords[i]                      # acc[i + 1] is (c, t + 1)
-            block = t // self.owner_block
-            owned = (block * magic) >> DIV_SHIFT
-            owner = block - owned * split
-            owner_base = base[0]
-            for r in cutlass.range_constexpr(1, MAX_K_SPLIT):
-                owner_base = owner_base + Int32(owner == r) * (base[r] - base[0])
-            slab = landing_slab(owned, rank, wg, split, self.heads_per_cta)
-            offset = slab * self.slab + landing_offset(c, t % self.owner_block, self.owner_block)
-            st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
+        for group in cutlass.range_constexpr(cute.size(acc) // 4):   # column groups of 8 tokens
+            for half in cutlass.range_constexpr(2):                   # row halves
+                i = 4 * group + 2 * half
+                c, t = coords[i]                      # acc[i + 1] is (c, t + 1)
+                block = t // split_k.block
+                owned = (block * magic) >> DIV_SHIFT
+                owner = block - owned * split_k.split
+                owner_base = base[0]
+                for r in cutlass.range_constexpr(1, MAX_K_SPLIT):
+                    owner_base = owner_base + Int32(owner == r) * (base[r] - base[0])
+                offset = split_k.slab(owned, split_k.rank, wg) + landing_offset(c, t % split_k.block, split_k.block)
+                st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
+
+    @cute.jit
+    def epilogue(self, ep: Epilogue):
+        """The rows this rank owns, rows_per_pass a pass: the split-K sum, the norm and RoPE, the
+        stores. RoPE's cos_sin rows go out a pass ahead (CosSin)."""
+        if const_expr(self.rope):
+            if ep.rows > 0:
+                ep.load_cos_sin_ahead(cutlass.min(ep.lane_row, ep.rows - 1))
+        for base in cutlass.range(0, ep.rows, self.rows_per_pass, unroll=1):
+            row = ep.row(base)
+            if const_expr(self.rope):
+                ep.cos_sin.advance()
+                if base + self.rows_per_pass < ep.rows:
+                    ep.load_cos_sin_ahead(cutlass.min(base + self.rows_per_pass + ep.lane_row, ep.rows - 1))
+            p = ep.split_k_sum(row)
+            out = ep.norm_rope(p, row)
+            ep.store(out, row)
 
     @cute.jit
     def stamp(self, phase: str):
@@ -438,145 +872,6 @@ class QkvFrontSm90:
                 if const_expr(phase == "entry"):
                     cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};",
                                          read_only_args=[row + STAMP_SM_SLOT * 8, Int64(cute.arch.smid())])
-
-    @cute.jit
-    def stage_indices(self, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mErr: cute.Tensor,
-                      sSlot: cute.Tensor, sPos: cute.Tensor, m: Int32, tile: Int32):
-        """The producer warp, while the first stages are in flight: the tile's slots and RoPE rows
-        into shared memory, so the epilogue's only global loads are cos_sin rows. A position
-        outside cos_sin becomes row 0 and sets BAD_POSITION."""
-        lane = cute.arch.lane_idx()
-        n_pos = Int64(mCS.shape[0])
-        for i in cutlass.range(lane, self.token_tile, 32, unroll=1):
-            token = cutlass.min(tile * self.token_tile + i, m - 1)
-            sSlot[i] = Int64(mSlot[token])
-            if const_expr(self.rope):
-                pos = Int64(mPos[token])
-                ok = Int32(pos >= 0) * Int32(pos < n_pos)
-                if ok == 0:
-                    pos = Int64(0)
-                    if tile * self.token_tile + i < m:
-                        set_error_bit(mErr, BAD_POSITION)
-                sPos[i] = Int32(pos)
-
-    @cute.jit
-    def load_cos_sin(self, cos: cute.Tensor, sin: cute.Tensor, mCS: cute.Tensor, sPos: cute.Tensor, t: Int32,
-                     col: Int32):
-        """The cos and sin of token t's RoPE row for the frequencies col / 2 .. col / 2 + ROW_COLS / 2 - 1."""
-        pos = sPos[t]
-        quarter = col // ROW_COLS
-        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter))[0, None], cos)
-        cute.autovec_copy(cute.local_tile(mCS, (1, ROW_COLS // 2), (pos, quarter + ROW_THREADS))[0, None], sin)
-
-    @cute.jit
-    def reduce_and_store(self, sL: cute.Tensor, sSlot: cute.Tensor, sPos: cute.Tensor, mCS: cute.Tensor,
-                         mCache: cute.Tensor, mY: cute.Tensor, mErr: cute.Tensor, split: Int32, rank: Int32,
-                         head_group: Int32, tile: Int32, tidx: Int32):
-        """The rows this rank owns (its token blocks of the tile, qkv_front_plan.owned_token, each
-        of the heads heads): the split-K sum of the S partials in its landing zone in rank order,
-        bf16, then norm / RoPE by head kind, y, and the cache row of k and v heads. A quad of
-        lanes per row, ROW_COLS columns each; row r is owned token r // heads, head r % heads."""
-        tokens, heads = self.token_tile, self.heads_per_cta
-        m = mY.shape[0]
-        n = mY.shape[1]
-        hkv = mCache.shape[1]
-        hq = GROUP * hkv
-        capacity = Int64(mCache.shape[0]) * PAGE_SIZE
-        t_count = cutlass.min(Int32(tokens), m - tile * tokens)
-        magic = ((1 << DIV_SHIFT) + split - 1) // split
-        block = self.owner_block
-        whole = t_count // block                       # qkv_front_plan.owned_tokens
-        whole_owned = ((whole - rank + split - 1) * magic) >> DIV_SHIFT
-        n_own = whole_owned * block
-        if whole - ((whole * magic) >> DIV_SHIFT) * split == rank:
-            n_own = n_own + t_count % block
-        rows = n_own * heads
-        lane_row = tidx // ROW_THREADS
-        col = (tidx % ROW_THREADS) * ROW_COLS
-        y_base = mY.iterator.toint()
-        cache_base = mCache.iterator.toint()
-        # RoPE's cos_sin rows go out a pass ahead: the partials are in this CTA's shared memory, so
-        # their L2 latency would otherwise be each pass's longest wait
-        cos = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
-        sin = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
-        cos_ahead = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
-        sin_ahead = cute.make_rmem_tensor(cute.make_layout(ROW_COLS // 2), Float32)
-        if const_expr(self.rope):
-            if rows > 0:
-                self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos,
-                                  owned_token(cutlass.min(lane_row, rows - 1) // heads, rank, split, block), col)
-        for base in cutlass.range(0, rows, self.rows_per_pass, unroll=1):
-            # lanes past the last row repeat it (the butterfly needs the whole quad) but store nothing
-            active = Int32(base + lane_row < rows)
-            row = cutlass.min(base + lane_row, rows - 1)
-            own = row // heads
-            t = owned_token(own, rank, split, block)
-            hh = row % heads
-            token = tile * tokens + t
-            head = head_group * heads + hh
-            is_qk = Int32(head < hq + hkv)
-            if const_expr(self.rope):
-                for i in cutlass.range_constexpr(ROW_COLS // 2):
-                    cos[i] = cos_ahead[i]
-                    sin[i] = sin_ahead[i]
-                if base + self.rows_per_pass < rows:
-                    ahead = cutlass.min(base + self.rows_per_pass + lane_row, rows - 1)
-                    self.load_cos_sin(cos_ahead, sin_ahead, mCS, sPos, owned_token(ahead // heads, rank, split, block),
-                                      col)
-            # ---- split-K sum: the partials in rank order, one rounding per add; every rank's
-            # loads go out together (from this CTA's shared memory: the pushes were acquired)
-            acc = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
-            acc.fill(0.0)
-            part = cute.make_rmem_tensor(cute.make_layout((ROW_COLS, MAX_K_SPLIT), stride=(1, ROW_COLS)), Float32)
-            at = landing_offset(col, own % block, block)   # column col + c is at + c * block (c < 16)
-            for g in cutlass.range_constexpr(MAX_K_SPLIT):
-                if g < split:
-                    slab = landing_slab(own // block, g, hh, split, heads)
-                    for c in cutlass.range_constexpr(ROW_COLS):
-                        part[c, g] = sL[slab * self.slab + at + c * block]
-            for g in cutlass.range_constexpr(MAX_K_SPLIT):
-                if g < split:
-                    for c in cutlass.range_constexpr(ROW_COLS):
-                        acc[c] = add_rn(acc[c], part[c, g])
-            pb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
-            pb.store(acc.load().to(BFloat16))
-            p = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
-            p.store(pb.load().to(Float32))
-            # ---- q and k heads: norm (+ RoPE); v and gate heads: p. Every lane computes the norm
-            # (the rows of one warp may be of different kinds; the butterfly needs the whole warp)
-            rs = _row_norm(p)
-            normed = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
-            for c in cutlass.range_constexpr(ROW_COLS):
-                normed[c] = mul_rn(p[c], rs)
-            nb = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), BFloat16)
-            nb.store(normed.load().to(BFloat16))
-            out = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
-            out.store(nb.load().to(Float32))
-            if const_expr(self.rope):
-                for i in cutlass.range_constexpr(ROW_COLS // 2):    # pairs (2i, 2i+1), rounded by the store
-                    even = out[2 * i]
-                    odd = out[2 * i + 1]
-                    out[2 * i] = fma_rn(even, cos[i], -mul_rn(odd, sin[i]))
-                    out[2 * i + 1] = fma_rn(odd, cos[i], mul_rn(even, sin[i]))
-            for c in cutlass.range_constexpr(ROW_COLS):
-                out[c] = select(is_qk, out[c], p[c])
-            # ---- y, then the cache row of a k or v head
-            if active != 0:
-                _store_row(y_base + (Int64(token) * n + head * HEAD_DIM + col) * 2, out)
-                is_k = Int32(head >= hq) * is_qk
-                is_v = Int32(head >= hq + hkv) * Int32(head < hq + 2 * hkv)
-                if is_k + is_v != 0:
-                    slot = sSlot[t]
-                    if slot >= 0:
-                        if slot < capacity:
-                            kv_head = head - hq - is_v * hkv
-                            page = slot // PAGE_SIZE
-                            cache_row = (page * hkv + kv_head) * PAGE_SIZE + slot % PAGE_SIZE
-                            cache_col = is_v * HEAD_DIM + col
-                            _store_row(cache_base + (cache_row * CACHE_ROW + cache_col) * 2, out)
-                        else:
-                            if col == 0:
-                                set_error_bit(mErr, BAD_SLOT)
 
 
 # ------------------------------------------------------------------------------------ host
