@@ -188,7 +188,7 @@ def test_qkv_front_split_k_indexing():
 
 
 def test_phase_stamps_compile_in_only_when_asked(tmp_path, monkeypatch):
-    """The development timeline's hook (QkvFrontConfig.stamps, tools/qkv_front_dev/timeline.py):
+    """The development timeline's hook (QkvFrontConfig.stamps, tools/qkv_front/timeline.py):
     a stamped variant reads the global timer once per phase; a production variant (stamps 0, what
     every deployment and CI variant has) never reads it."""
     from muse_ops.cutedsl import qkv_front_plan as P

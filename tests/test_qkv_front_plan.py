@@ -1,7 +1,7 @@
 """CPU: qkv_front's host plan (no cutlass needed). Which token tile a launch above
 WAVE_TILES_ABOVE tokens takes, against the fastest tile measured on the H200 at every row of the
 tile sweeps of bench/RESULTS.md (twenty-seventh and twenty-eighth runs: each tile forced by
-tools/qkv_front_dev/ab.py, cold weights). A change of wave_tile's cost that picks a slower tile at
+tools/qkv_front/ab.py, cold weights). A change of wave_tile's cost that picks a slower tile at
 a measured row fails here; rows where two tiles were within 1% accept either."""
 import pytest
 

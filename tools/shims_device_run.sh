@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, DSL-free: the ahead-of-time library (tools/aot_device_env.sh), the C++ ops
 # built there against its torch, then PART = shims (their GPU tests), host (bench/host.py), gpu
-# (the whole GPU suite through them), or all; PART=build stops after the setup (for a script that
-# sources this one: tools/launch_cost/run.sh). Logs and JSON under $OUT.
+# (the whole GPU suite through them), or all; PART=build stops after the setup, for what runs next in
+# the same shell (`PART=build . tools/shims_device_run.sh && python3 tools/host_floors.py`). Logs and
+# JSON under $OUT. Carry as tools/aot_device_env.sh says.
 # NOSHIMS=1: the same without the C++ ops. MODE=dsl: the CuTe DSL bundle instead (.device/prelude.sh, tools/device_env.sh: carry .device).
 set -uo pipefail
 if [ "${MODE:-aot}" = dsl ]; then . .device/prelude.sh && . tools/device_env.sh; else . tools/aot_device_env.sh; fi
@@ -23,5 +24,5 @@ if [ "$PART" = host ] || [ "$PART" = all ]; then
 fi
 if [ "$PART" = gpu ]; then
   timeout 500 python3 -m pytest -q -m gpu tests > "$OUT/gpu_tests${NOSHIMS:+-noshims}.log" 2>&1; echo "gpu tests rc=$?"
-  tail -25 "$OUT/gpu_tests.log"
+  tail -25 "$OUT/gpu_tests${NOSHIMS:+-noshims}.log"
 fi

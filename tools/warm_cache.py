@@ -1,12 +1,13 @@
 """Fill a muse_ops compile cache on this (CPU) machine with the CuTe DSL variants the GPU tests
 and the bench launch, so a fresh GPU machine loads them instead of compiling (1-3 s each):
 
-    MUSE_OPS_CACHE_DIR=/tmp/muse_cache_ship CUTE_DSL_ARCH=sm_90a python tools/warm_cache.py
-    tar -cJf .device/muse_cache.tar.xz -C /tmp/muse_cache_ship .
+    MUSE_OPS_CACHE_DIR=build/muse_cache_ship CUTE_DSL_ARCH=sm_90a python tools/warm_cache.py
+    tar -cJf .device/muse_cache.tar.xz -C build/muse_cache_ship .
 
-and on the GPU machine `mkdir -p $MUSE_OPS_CACHE_DIR && tar -xJf .device/muse_cache.tar.xz -C
-$MUSE_OPS_CACHE_DIR`. The cache directory is keyed by the kernel sources and the DSL / TVM-FFI
-versions (muse_ops/cutedsl/compile_cache.py), so a stale archive is simply not used.
+and on the GPU machine tools/device_env.sh unpacks .device/muse_cache.tar.xz into
+$MUSE_OPS_CACHE_DIR (once per machine). The cache directory is keyed by the kernel sources and
+the DSL / TVM-FFI versions (muse_ops/cutedsl/compile_cache.py), so a stale archive is simply not
+used.
 """
 import sys
 import time

@@ -4,7 +4,9 @@ the reduction tree of a request (split_plan), the compile-time parameters of a v
 run. The ops, the backends and the tests read these on machines without the DSL too.
 
 The tree and its invariants are described in the kernel module's docstring; docs/DESIGN.md
-sections 5, 10 and 11 are the contract they implement.
+sections 5, 10 and 11 are the contract they implement. The comments here state each rule and what
+it keeps invariant; the measurements that chose the numbers are in bench/RESULTS.md, "Measurements
+behind the plan constants" (that is what "RESULTS.md" below refers to).
 """
 from __future__ import annotations
 
@@ -23,53 +25,40 @@ MAX_SEQ_LEN = 2**21   # a CTA stages its page-table slice in shared memory (32 K
 # of it (the wide or the deep layout) depends on the batch, and the bits do not.
 SUB_CHUNKS = 8         # chunks per sub = CTAs of a wide cluster (WINDOW_SUB_CHUNKS with a window)
 WINDOW_SUB_CHUNKS = 4  # the same with a window (sub_chunks)
-NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); measured against 16
-                       # and 4 (us): B=16 L=65536 136 / 149 / 160, mixed B=64 158 / 164 / 166,
-                       # B=1 L=131072 27.4 / 29.6 / 35.8, B=128 L=16384 309 / 310 / 284
+NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); chosen over 16 and 4
+                       # across batch sizes, since the tree cannot depend on the batch (RESULTS.md)
 # Nodes of a request (split_plan): one below TWO_NODE_STEPS ring steps, two from there, then one
-# per NODE_MIN_STEPS steps, so from L = 8192 a chunk is 4 steps (256 keys). With a node per 32
-# steps (the tree before, 2-step chunks up to L = 16384) a request has twice the chunks and subs:
-# at Hkv 2 a B=8 L=8192 batch ran wide in two waves of CTAs and B=64-128 ran deep in two and four
-# waves. Measured on the H200 (tools/attn2_dev/ab.py, Hkv 2, us, the layout the host picks;
-# bench/RESULTS.md, nineteenth run): B=8 L=8192 22.9 -> 16.8, B=64 84.4 -> 74.3, B=128 168.9 ->
-# 149.2, B=8 L=16384 42.5 -> 32.5, B=128 L=16384 308 -> 280, mixed B=64 155.7 -> 145.2; slower
-# where neither layout fills the GPU with the longer chunks: B=1 L=8192 7.2 -> 7.75, B=16 27.6 ->
-# 35.6, B=24 34.7 -> 42.1, B=12 L=16384 36.0 -> 46.6. From 64 to 127 steps (L = 4096-8191) two
-# nodes, as before at L = 4096: one node there made B=32 L=4096 27.5 -> 34.3.
+# per NODE_MIN_STEPS steps, so from L = 8192 a chunk is 4 steps (256 keys). A node per 64 steps
+# instead of 32 halves a request's chunks and subs, so a batch runs in fewer waves of CTAs; it is
+# slower where neither layout fills the GPU with the longer chunks (a single request, B=16-24 at
+# L=8192). From 64 to 127 steps (L = 4096-8191) two nodes, as before at L = 4096, where one node
+# was slower. The tree is a function of a request's own L only, so its bits do not depend on the
+# batch. Measured: RESULTS.md.
 NODE_MIN_STEPS = 64    # ring steps per node from the third node on
 TWO_NODE_STEPS = 64    # ring steps from which a request has two nodes
 WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head) pairs per launch
-                       # (B=12 at Hkv 2: wide 27.8 us against deep 35.3 at L=8192, 19.3 against
-                       # 21.4 at L=4096, but 46.6 against 42.8 at L=16384)
+                       # (at 24 pairs wide beats deep at L=4096 and 8192, not at L=16384: RESULTS.md)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
 
 # When attn2 triggers its dependent launch (attn2.py, trigger_dependents): after its main loop,
 # so the next kernel (the next layer's qkv_front in a stack) launches while our merges run and
 # streams its weight into the SMs our CTAs leave. Every deep grid and every wide grid of more than
 # QUIET_WIDE_PAIRS (request, KV head) pairs does; a wide grid of fewer pairs only where it has at
-# most one working CTA per SM. Measured on the H200 (bench/RESULTS.md, twenty-eighth run; a
-# layer step after a layer step, graph replay, us, Hkv 2 unless named, without -> with the
-# trigger): wide B=5 L=8192 27.5 -> 25.8, B=6 30.2 -> 27.5, B=8 31.4 -> 29.8, B=12 44.0 -> 42.9,
-# B=8 L=2048 24.5 -> 22.2, B=16 W=2048 31.5 -> 29.6, B=1 L=8192 Hkv 16 92.7 -> 91.3; deep B=16
-# 50.9 -> 48.6, B=32 64.6 -> 62.3, B=64 110.2 -> 108.9, B=128 218.9 -> 216.9, B=64 W=2048 62.8 ->
-# 61.1; but wide B=3 L=8192 23.9 -> 25.8, B=4 25.5 -> 26.2 and B=4 L=16384 30.9 -> 31.3 (six and
-# eight pairs, 192-512 CTAs; why those lose was not measured). The CTA count does not separate
-# the two groups (B=8 L=2048 and B=4 L=8192 both run 256 CTAs), the pair count does.
+# most one working CTA per SM. The rule is by pair count, not CTA count: the wide grids the
+# trigger slows (six and eight pairs) run as many CTAs as some it speeds up (RESULTS.md). A
+# trigger moves no data: the bits do not depend on it.
 QUIET_WIDE_PAIRS = 8
 
 # Occupancy caps (occupancy_cap). qkv_front triggers its dependent launch before its epilogue
 # (at its last load or after its main loop: QkvFrontConfig.trigger_point), so attn2's grid
 # launches while qkv_front's CTAs (one per SM, 108 of 132 at Hkv 2) still hold their SMs: the
-# block scheduler places as many attn2 CTAs as fit on the SMs left free, 5 to an SM (4 deep), and those SMs then carry more of the grid than the others. Reserving shared memory
-# so that at most 1 to 4 CTAs fit an SM spreads it: the first CTAs still run their prologue under
-# qkv_front's tail, the rest land on the SMs qkv_front frees. A launch takes the smallest cap
-# under which its whole grid fits one wave (a cap that does not fit costs a second wave: B=2
-# L=8192 with a cap of 1, 128 CTAs in clusters of 8, ran attn2 alone in 15.2 us against 9.5), and
-# none where no cap below what its registers allow fits. Measured on the H200 (bench/RESULTS.md,
-# twenty-first run; a layer of qkv_front -> attn2, graph replay, Hkv 2, us, no cap / cap 1 /
-# cap 2): B=1 L=8192 23.0 / 20.4 / 20.7, B=2 L=8192 23.5 / 27.3 / 21.8, B=1 L=16384 23.7 / 27.0 /
-# 21.4, B=1 W=2048 21.4 / 20.2 / 20.9, B=2 W=2048 27.4 / 20.9 / 22.1, decode B=1 21.3 / 19.5 /
-# 20.3, decode B=16 55.1 / 46.6 / 51.5; caps 3 and 4 and the larger batches: the twenty-second run.
+# block scheduler places as many attn2 CTAs as fit on the SMs left free, 5 to an SM (4 deep), and
+# those SMs then carry more of the grid than the others. Reserving shared memory so that at most
+# 1 to 4 CTAs fit an SM spreads it: the first CTAs still run their prologue under qkv_front's
+# tail, the rest land on the SMs qkv_front frees. A launch takes the smallest cap under which its
+# whole grid fits one wave (a cap that does not fit costs a second wave), and none where no cap
+# below what its registers allow fits. A cap only reserves shared memory, so the bits do not
+# depend on it. What the caps gain, per cap: bench/RESULTS.md.
 SMEM_PER_SM = 228 * 1024                  # an H100 / H200 SM; each resident CTA also takes 1 KB
 OCCUPANCY_SMEM_BYTES = {1: 124 * 1024,    # > (228 - 2) / 2 KB: one CTA an SM
                         2: 92 * 1024,     # > (228 - 3) / 3 KB and <= (228 - 2) / 2: two
@@ -79,19 +68,14 @@ OCCUPANCY_SMEM_BYTES = {1: 124 * 1024,    # > (228 - 2) / 2 KB: one CTA an SM
 # (Attn2Config.create's min_blocks: wide 5, deep 4)
 OCCUPANCY_MAX_CAP = {"wide": 4, "deep": 3}
 # Ring stages of a variant under a cap of 1 or 2 (2 otherwise): a third stage lives in shared
-# memory the cap reserves anyway, so it costs no CTA an SM. Measured on the H200 (bench/RESULTS.md,
-# twenty-third run; a layer step, graph replay, Hkv 2, us, 2 stages / 3): B=16 L=8192 51.2 / 50.4,
-# B=32 67.2 / 65.9, B=1 20.0 / 19.6, decode B=16 46.3 / 45.4, B=64 W=2048 64.0 / 64.5 in one call
-# and 65.0-65.3 / 64.2 in the next; the same bits. Deeper rings (4 to 7 stages, what caps 1 and 2
-# hold) were slower in every row, and so was a third stage under cap 3 (B=4 L=8192 26.1 / 26.2,
-# B=48 91.8 / 92.0).
+# memory the cap reserves anyway, so it costs no CTA an SM; the ring depth does not change the
+# bits. Deeper rings (4 to 7 stages, what caps 1 and 2 hold) and a third stage under cap 3 were
+# slower (RESULTS.md).
 CAPPED_RING_STAGES = {1: 3, 2: 3}
 # The q_lens whose variants under a cap compile for the cap's CTAs an SM (__launch_bounds__
 # min_blocks = the cap: ptxas takes 103 registers wide and 150 deep, no spills) instead of 5 (wide)
-# or 4 (deep): the cap leaves the registers free anyway. Measured on the H200 (bench/RESULTS.md,
-# twenty-third run; a layer step, us, the register budget of 5 / 4 CTAs an SM against the cap's):
-# B=1 L=8192 19.6 / 19.5, B=4 25.6 / 25.5, B=32 65.4 / 65.0, B=48 87.7 / 87.5 (three rounds,
-# 9 of 10 verify rows faster), but decode B=16 45.2 / 45.3-45.7.
+# or 4 (deep): the cap leaves the registers free anyway. Verify (q_len 8) only: decode was not
+# faster with it (RESULTS.md).
 CAPPED_REGISTER_Q_LENS = (8,)
 
 
@@ -104,9 +88,8 @@ def occupancy_cap(ctas: int, cluster_size: int, sm_count: int, max_cap: int) -> 
     """CTAs an SM a launch of `ctas` CTAs (clusters of cluster_size) allows (1 to max_cap; 0: no
     cap, as many as registers and shared memory fit): the smallest cap under which the grid fits
     one wave. A GPC's SMs hold whole clusters only: at one CTA an SM the H200's 132 SMs hold 30
-    clusters of 4 or 15 of 8, 120 CTAs (tools/qkv_front_dev/cluster_occupancy.py), so clusters of
-    4 and 8 count on 7/8 of the SMs at every cap (measured, twenty-second run: clusters of 8 in
-    one wave at a cap of 4 with 384 CTAs, a second wave with 512)."""
+    clusters of 4 or 15 of 8, 120 CTAs (tools/cluster_occupancy.py), so clusters of 4 and 8 count
+    on 7/8 of the SMs at every cap (a grid at cap 4 confirmed it: bench/RESULTS.md)."""
     if sm_count <= 0:
         return 0
     one_wave = sm_count if cluster_size <= 2 else sm_count * 7 // 8
@@ -123,12 +106,10 @@ def _round_up(n: int, to: int) -> int:
 def sub_chunks(window: int) -> int:
     """Chunks per sub of a deployment. A window bounds every request to ~33 steps, one node: with
     one chunk per sub (the first design) that tree has 2 chunks, so a small batch ran on 2 CTAs per
-    (request, KV head) and took 17.6 us at B=1 W=2048 whatever L. With 4 chunks per sub the tree
-    has 8 chunks: the wide layout runs them on 8 CTAs at small batches, the deep one folds 4 in
-    a CTA at large ones. Measured on the H200 (tools/attn2_dev/ab.py, us; W=2048, L=8192, B=128
-    at L=16384; 1 / 2 / 4 / 8 chunks per sub, wide at B <= 16, deep above):
-    B=1 17.6 / 12.9 / 9.2 / 7.2, B=8 18.4 / 13.6 / 11.8 / 11.2, B=16 18.6 / 14.1 / 14.3 / 14.7,
-    B=64 25.2 / 25.6 / 25.9 / 26.8, B=128 42.6 / 42.5 / 42.8 / 43.5."""
+    (request, KV head). With 4 chunks per sub the tree has 8 chunks: the wide layout runs them on
+    8 CTAs at small batches, the deep one folds 4 in a CTA at large ones. It depends on the
+    deployment only, so a request's bits do not depend on the batch (1, 2, 4 and 8 chunks per sub
+    measured: bench/RESULTS.md)."""
     return WINDOW_SUB_CHUNKS if window > 0 else SUB_CHUNKS
 
 
@@ -240,14 +221,10 @@ class Attn2Config:
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
                early_ring: bool = True) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
-        # accumulator). Measured on the H200
-        # (run_dev.py tune, us; bench/RESULTS.md): wide 4 stages vs 2 (the whole chunk in flight at
-        # once): B=1 L=8192 9.3 vs 9.5, but B=8 L=2048 17.1 vs 13.2 (3 CTAs per SM instead of 5);
-        # deep min_blocks 5 (96 registers, spills) vs 4: B=64 L=8192 118 vs 94, every case slower.
-        # pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree in keys) was slower
-        # wide (B=8 L=8192 26.7 against 22.9) and deep from B=64; a dev knob (nineteenth run).
-        # early_ring (the prologue's old rows before the PDL wait): a layer faster in 9 of 11 rows
-        # and then in 15 of 18, on two machines (twenty-fourth and twenty-fifth runs); on by default.
+        # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
+        # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
+        # in keys; a dev knob) was slower: bench/RESULTS.md. early_ring (the prologue's old rows
+        # before the PDL wait) is on by default (RESULTS.md); none of these changes the bits.
         assert layout in LAYOUTS, layout
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
@@ -270,7 +247,7 @@ class Attn2Config:
         if min_blocks is None:
             # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91: one
             # chunk per sub, a dev override now); wide: 5 (96 registers: unbounded, the loads
-            # before the PDL wait took it to 104, 4 CTAs per SM, and B=4 L=8192 from 13.0 to 15.7 us)
+            # before the PDL wait took it to 104, 4 CTAs per SM, slower: RESULTS.md)
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
             if ctas_per_sm and q_len in CAPPED_REGISTER_Q_LENS:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
@@ -303,9 +280,9 @@ def workspace_layout(cfg: Attn2Config, num_requests: int, kv_heads: int) -> tupl
 def choose_layout(num_requests: int, kv_heads: int, window: int = 0) -> str:
     """The layout a launch uses, a host decision on shapes and the deployment only (the bits do
     not depend on it): wide for few (request, KV head) pairs, where a CTA per chunk fills the GPU;
-    deep otherwise. With a window, wide up to 32 pairs (B=16 at Hkv 2, W=2048: wide 14.3 us,
-    deep 19.7; B=32: 20.1 and 20.3). (A third layout, one CTA per node for window deployments,
-    measured no faster than deep: B=128 W=2048 43.9 against 43.0 us, B=64 W=2048 34.0 against 25.3.)"""
+    deep otherwise. With a window, wide up to 32 pairs. (A third layout, one CTA per node for
+    window deployments, was no faster than deep.) The layouts compute one tree, so the choice
+    never changes the bits. Measured: bench/RESULTS.md."""
     limit = WIDE_MAX_PAIRS_WINDOW if window > 0 else WIDE_MAX_PAIRS
     return "wide" if num_requests * kv_heads <= limit else "deep"
 
@@ -387,5 +364,5 @@ def triggers_dependents(layout: str, pairs: int, n_chunks: int, wave: int) -> bo
 
 def wave_ctas(device) -> int:
     """Working wide CTAs a launch may have and still trigger its dependent launch early: one per
-    SM (2 per SM, e.g. B=8 L=2048, measured faster in one process and slower in another)."""
+    SM (2 per SM was inconclusive: bench/RESULTS.md)."""
     return runtime.sm_count(device)

@@ -6,6 +6,10 @@ What fixes the bits of a token's y and of its cache rows (docs/DESIGN.md section
 S (a function of Hkv only) and the order in which the S partial sums are added (rank order).
 What may change with M without changing them: the token tile (the N of the wgmma, 8 to 256) and
 the heads a CTA computes (1 or 2). See the kernel module's docstring for why.
+
+The comments here state each rule and what it keeps invariant; the measurements that chose the
+numbers are in bench/RESULTS.md, "Measurements behind the plan constants" (that is what
+"RESULTS.md" below refers to).
 """
 from __future__ import annotations
 
@@ -20,9 +24,8 @@ K_TILES = HIDDEN // K_TILE       # 128
 SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
 MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_split)
 WAVE_TILES_ABOVE = 256           # launches of more tokens take wave_tile's two-head tile
-# wave_tile's cost of a grid, in tokens of work an SM does (fitted to the 26 rows measured at Hkv
-# 1, 2, 4, 6, 8 and 16 from 300 to 1300 tokens, bench/RESULTS.md twenty-seventh and twenty-eighth
-# runs; it picks the fastest tile in every row, and so does any fixed cost from 32 to 56 tokens):
+# wave_tile's cost of a grid, in tokens of work an SM does (fitted to tile sweeps at Hkv 1 to 16
+# above 256 tokens, where it picks the fastest tile in every row: RESULTS.md):
 TILE_FIXED_TOKENS = 48           # a CTA's fixed cost (ring fill, split-K sum, epilogue) in tokens of its tile
 L2_RESIDENT_BYTES = 50 * 2**20   # the H100 / H200 L2: a weight of at most this streams from it...
 L2_COST_TENTHS = 11              # ...and a grid then costs at least 1.1 x (its CTAs / SM_TARGET) x a CTA's rows
@@ -42,15 +45,14 @@ INDEX_DTYPES = ("int32", "int64")
 # A partial token tile (the last of a launch whose M is not a multiple of the tile) loads x in boxes
 # of X_BOX_MIN_ROWS x 2^k rows that together cover its rows rounded up to X_BOX_MIN_ROWS, at most
 # X_BOXES_MAX of them, instead of one box that reaches past the end of x: TMA's fill of rows
-# outside a tensor is slow (M=65, a 128-token tile with 63 of them: 23.1 us, against 17.0 in
-# boxes of 64 and 16 rows), and each box is one more instruction for the producer warp (seven
-# boxes of 16 rows a K tile made M=100 0.5 us slower than one box; 64 + 32 + 16 made it 1.3 us
-# faster). Tiles up to 32 tokens take one box (M=17: 15 rows outside x cost nothing measurable).
-# Measured: bench/RESULTS.md.
+# outside a tensor is slow, and each box is one more instruction for the producer warp, so boxes
+# of several sizes rather than many of 16 rows. Tiles up to 32 tokens take one box (the rows
+# outside x cost nothing measurable there). The boxes change which rows are loaded, never a
+# token's bits. Measured: RESULTS.md.
 X_BOX_MIN_ROWS = 16
 X_BOXES_MAX = 4
 
-# Development instrumentation (QkvFrontConfig.stamps, tools/qkv_front_dev/timeline.py): a CTA
+# Development instrumentation (QkvFrontConfig.stamps, tools/qkv_front/timeline.py): a CTA
 # writes the global timer at each of these phase boundaries into its row of STAMP_SLOTS int64
 # (slot k = STAMP_PHASES[k], slot STAMP_SM_SLOT = its SM id). Who stamps: thread 0, but the
 # STAMP_PRODUCER_PHASES are the producer warp's lane 0.
@@ -64,45 +66,33 @@ STAMP_SM_SLOT = 8
 STAMP_SLOTS = 16
 
 # Every variant triggers the dependent launch early (the next kernel, attn2 in a layer, launches
-# while this one finishes). Up to the twenty-first run only tiles of up to 16 tokens did: from 64
-# tokens the early attn2 CTAs packed four or five to an SM onto the SMs this grid leaves free (a
-# layer at B=16 took 73.7 us against 52.6 without the trigger). With attn2's occupancy caps at
-# every M (attn2_plan.occupancy_cap) a layer step with the trigger is faster at every measured
-# batch from B=6 to B=128 and ties at B=64 (bench/RESULTS.md, twenty-second run). Where: tiles of
-# up to TRIGGER_AT_LAST_LOAD_TILE tokens trigger once the producer has issued its last load, larger
-# ones after the main loop. In the twenty-ninth run's stack of layers the trigger at the last load
-# was faster or the same in all 17 rows (Hkv 4 B=1 32.7 -> 30.8 us, B=3 22.7 -> 22.2, decode B=1
-# 19.0 -> 18.7) and qkv_front alone at M <= 16 0.25-0.5 us faster (M=1 11.55 -> 11.02), but from
-# 256 tokens alone (back-to-back calls) slower (Hkv 2 M=1024 79.0 -> 84.0, Hkv 16 M=256 169.8 ->
-# 183.8) and no faster in the stack, so large tiles keep the trigger after the main loop.
+# while this one finishes). That relies on attn2's occupancy caps (attn2_plan.occupancy_cap):
+# without them the early attn2 CTAs pack four or five to an SM onto the SMs this grid leaves free,
+# and from 64 tokens the layer is slower with the trigger than without. Where: tiles of up to
+# TRIGGER_AT_LAST_LOAD_TILE tokens trigger once the producer has issued its last load, larger ones
+# after the main loop (the last-load trigger slows large tiles alone and gains them nothing in a
+# stack of layers). Before its own griddepcontrol.wait the next kernel reads nothing this one
+# writes, and a trigger moves no data: the bits do not depend on it. Measured: RESULTS.md.
 TRIGGER_AT_LAST_LOAD_TILE = 64
 
 # When a consumer releases a ring stage (QkvFrontConfig.mma_lag): tiles of up to
 # RELEASE_AT_ONCE_TILE tokens wait for the stage's own wgmmas to complete and release it at once
 # (mma_lag 0), so the producer refills it a stage sooner and one more stage of weight is in
 # flight; larger tiles release a stage once the next stage's wgmmas are issued (mma_lag 1), so
-# their tensor work stays queued back to back. Thirtieth run (same bits), Hkv 2 alone: M=1 11.22
-# -> 11.03-11.07 us, M=8 11.30-11.46 -> 11.22-11.23, M=16 11.92 -> 11.78, but M=32 12.93 -> 13.45
-# and M=64 13.5-13.8 -> 14.0; in a stack of layers faster or within 0.06 us in all 9 rows of up
-# to 16 tokens (decode B=8 24.01 -> 23.69, sliding B=2 21.35 -> 21.01, Hkv 4 B=1 30.22 -> 30.15,
-# Hkv 1 B=1 15.77 -> 15.71) and 0.32 us slower at B=8 verify (64 tokens). The gain alone is Hkv
-# 2's: at M=8 alone Hkv 1 8.24-8.28 -> 8.33-8.35, Hkv 4 22.92-23.05 -> 23.43-23.49, Hkv 16
-# 76.56-76.62 -> 76.74-76.80 (M=16: Hkv 1 0.15 slower, Hkv 4 0.1-0.2 faster, Hkv 16 the same).
-# The rule is by tile alone: a variant serves every Hkv (kv_heads is a run-time dimension, and
-# the ahead-of-time library and the C++ ops pick variants by tile), and the layer, where these
-# kernels run, is no slower at any Hkv measured.
+# their tensor work stays queued back to back. Either way the same bits. The rule is by tile
+# alone: a variant serves every Hkv (kv_heads is a run-time dimension, and the ahead-of-time
+# library and the C++ ops pick variants by tile); alone the gain is Hkv 2's, and the layer, where
+# these kernels run, was no slower at any Hkv measured (RESULTS.md).
 RELEASE_AT_ONCE_TILE = 16
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
-# 192 tokens a CTA computes one head for all of them, so the weight streams once (M=192: 22.8 us
-# against 25.8 for two 128-token tiles of two heads). Above that a CTA computes two heads, so x
-# is read from L2 half as often (the large-M cases are L2-bandwidth bound): 128 tokens up to 256.
-# Above WAVE_TILES_ABOVE tokens a launch takes the two-head tile of 128, 192 or 256 tokens that
-# wave_tile's cost picks (so the last two rows' limits only name those tiles; M=300 at Hkv 2:
-# 192 tokens, 37.0 us against 41.1 for 256 + 44). Tiles of 8
-# and 16 tokens take 4 K tiles a stage (fewer, longer wgmma groups: that main loop is otherwise
-# latency bound), 32 and 64 one (a ring of 8 one-tile stages: 0.5-0.7 us faster than 4 and 2
-# tiles a stage). Measured: bench/RESULTS.md.
+# 192 tokens a CTA computes one head for all of them, so the weight streams once. Above that a CTA
+# computes two heads, so x is read from L2 half as often (the large-M cases are L2-bandwidth
+# bound): 128 tokens up to 256. Above WAVE_TILES_ABOVE tokens a launch takes the two-head tile of
+# 128, 192 or 256 tokens that wave_tile's cost picks (so the last two rows' limits only name those
+# tiles). Tiles of 8 and 16 tokens take 4 K tiles a stage (fewer, longer wgmma groups: that main
+# loop is otherwise latency bound), 32 and 64 one (a ring of 8 one-tile stages). Every tile gives
+# a token the same bits (the K split fixes them). Measured: RESULTS.md.
 TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128, 1, 1), (192, 192, 1, 1),
          (256, 128, 2, 1), (384, 192, 2, 1), (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
@@ -147,11 +137,8 @@ def k_split(kv_heads: int) -> int:
     where even one CTA per head takes more than a wave (Hkv >= 8), 2: the grid's waves are then
     of half-length CTAs, so its last wave leaves less of the GPU idle. It depends on Hkv only,
     never on M: it fixes the order of the K sums, so a token gets the same bits in any batch.
-    Measured (bench/RESULTS.md): at Hkv 2 a split of 3 beats 2, 4, 6 and 7 at every M; at Hkv 1
-    clusters of 6 or 7 do not all fit the GPCs at once (a second wave), and 3 beats 4 and 5; at
-    Hkv 4 a split of 2 is 17-19% slower at M <= 64 (a second wave of 12 CTAs); at Hkv 8 a split of
-    2 is faster at every M measured (M=512 187 -> 158 us); at Hkv 16 it is 7-9% faster from M = 256,
-    the same at M = 128 and 1-4% slower up to M = 64."""
+    At most MAX_K_SPLIT: at Hkv 1 the 18 clusters of a split of 6 or 7 do not all fit the GPCs at
+    once. The splits measured at each Hkv: bench/RESULTS.md."""
     heads_ = heads(kv_heads)
     if heads_ > SM_TARGET:
         return 2
@@ -289,12 +276,9 @@ def wave_tile(m: int, kv_heads: int) -> tuple[int, int, int]:
     an SM, and a wave costs its tile's tokens plus TILE_FIXED_TOKENS. Where the weight fits the L2
     the grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x (the CTA's 128 weight rows
     + its tokens): its operands then all stream from the L2, and many small tiles are bound by
-    that traffic (Hkv 2 M=832: three waves of 128 tokens 87.9 us, two of 256 74.1). The cost is
-    computed in integers (x 10 SM_TARGET), as the C++ ops compute it. Measured
-    (bench/RESULTS.md, twenty-seventh and twenty-eighth runs): it picks the fastest of the three
-    tiles in all 26 rows measured (e.g. Hkv 2 M=768 73.5 -> 61.5 us with 192 tokens, Hkv 1 M=448
-    35.1 -> 22.3 with 128, Hkv 16 M=1300 810.7 -> 750.9 with 192; where the table picked 256 above
-    384 tokens), and keeps 256 at Hkv 2 M=512 and 1024."""
+    that traffic. The cost is computed in integers (x 10 SM_TARGET), as the C++ ops compute it.
+    Every tile gives a token the same bits, so the cost only decides the time; it picks the
+    fastest of the three tiles in every row measured (bench/RESULTS.md)."""
     split, groups, l2_bound = k_split(kv_heads), heads(kv_heads) // 2, weight_fits_l2(kv_heads)
     best = None
     for _, tile, hpc, kps in TILES:

@@ -1,0 +1,58 @@
+"""Device run: interleaved A/B timing of attn2 variants (us, median and range over rounds).
+usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2/ab.py
+  AB_VARIANTS: [(label, kernel module file or None for muse_ops', config override dict), ...]
+  AB_CASES:    [(B, L, W, labels or None), ...]; B = "mixed": 64 requests, L ~ U[512, 32768];
+               B = a list of lengths: those requests (L unused)
+  AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench; a list case: its longest)
+  AB_QLEN:     the query block (8: verify, the default; 1: decode)
+Every variant of a case is built once (cases.build_case, deployment max_seq_len = L) on the
+first variant's inputs and timed in turn, round after round, so drifts of the GPU hit all of them
+alike; then each variant's out on the first input set is compared in bits with the first
+variant's, and the line names those that differ (the layouts compute one tree: the same bits)."""
+import os, sys, statistics
+sys.path.insert(0, os.path.dirname(__file__))
+import cases
+import torch
+
+VARIANTS = eval(os.environ["AB_VARIANTS"])      # [(label, file or None, override dict)]
+CASES = eval(os.environ["AB_CASES"])            # [(B, L, W, labels or None)]
+ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
+QLEN = int(os.environ.get("AB_QLEN", "8"))
+mods = {f: cases.load_kernel(f) for _, f, _ in VARIANTS}
+g = torch.Generator().manual_seed(0)
+MIXED = [int(x) for x in torch.randint(512, 32769, (64,), generator=g)]
+for (B, L, W, labels) in CASES:
+    # the case's requests: B of length L, the mixed batch, or a list of lengths
+    lens = MIXED if B == "mixed" else (B if isinstance(B, list) else None)
+    msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else max(lens) if lens else L)
+    name = (len(B), min(B), max(B), W) if isinstance(B, list) else (B, L, W)
+    built = []
+    for (lab, f, over) in VARIANTS:
+        if labels and lab not in labels:
+            continue
+        cases.A, cases.KERNEL = mods[f], (mods[f] if f else None)
+        case = cases.build_case(len(lens) if lens else B, L, W, q_len=QLEN, lens=lens, over=over, msl=msl)
+        if built:   # the same inputs for every variant (their outputs are compared)
+            case.pools, case.y, case.seq = built[0][2].pools, built[0][2].y, built[0][2].seq
+        cases.graph_us(case)          # compile + warm
+        built.append((lab, f, case))
+    ts = {lab: [] for lab, _, _ in built}
+    for _ in range(ROUNDS):
+        for lab, f, case in built:
+            cases.A, cases.KERNEL = mods[f], (mods[f] if f else None)
+            ts[lab].append(cases.graph_us(case))
+    outs = []
+    for lab, f, case in built:   # every variant's out on pool 0 (same tree: the same bits)
+        cases.A, cases.KERNEL = mods[f], (mods[f] if f else None)
+        c, p = case.pools[0]
+        cases.launch_attn2(case.y, c, p, case.seq, case.out, case.ws, case.err, kernel=cases.KERNEL, **case.kw)
+        outs.append(case.out.clone())
+        assert int(case.err.item()) == 0
+    # a variant of another tree gives other bits: how far (largest |diff| / largest |out|) says if it is rounding
+    differ = [f"{lab} {((o.float() - outs[0].float()).abs().max() / outs[0].float().abs().max()).item():.1e}"
+              for (lab, _, _), o in zip(built, outs) if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16))]
+    fl = built[0][2].pool_bytes / 4.1e12 * 1e6
+    print(f"AB {str(name):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
+        f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)
+    del built
+    torch.cuda.empty_cache()
