@@ -51,11 +51,8 @@ def _cutedsl_support(op: str, device: torch.device, variant: tuple) -> tuple[boo
     """Cached: the answer depends on the device and the deployment only, and every call asks."""
     if device.type != "cuda":
         return False, f"{device.type} device (the CuTe DSL kernels need an sm_90 GPU)"
-    variant = dict(variant)
-    if variant.pop("fp8", False):
-        return False, "the CuTe DSL kernels of this version serve a bf16 KV cache only (FP8: the reference)"
     from .cutedsl import registry
-    return registry.support(op, device, **variant)
+    return registry.support(op, device, **dict(variant))
 
 
 def available_backends(device, op: str = "attn2", **variant) -> dict[str, tuple[bool, str]]:

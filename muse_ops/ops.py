@@ -100,7 +100,7 @@ def _run_qkv_front(name, x, weight, positions, slots, cos_sin, kv_cache, k_scale
         return qkv_front_ref(x, weight, positions, slots, cos_sin, kv_cache, k_scale, v_scale)
     from .cutedsl import launch as kernel
     y = x.new_empty((x.shape[0], weight.shape[0]))
-    kernel.launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag(x.device))
+    kernel.launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag(x.device), k_scale, v_scale)
     return y
 
 
@@ -428,5 +428,5 @@ def prepare(config: DeploymentConfig, device, backend: str | None = None) -> dic
         report["backends"][op] = name
         if name == "cutedsl":
             from .cutedsl import launch
-            report["variants"] += launch.prepare(op, **{k: v for k, v in variant.items() if k != "fp8"})
+            report["variants"] += launch.prepare(op, **variant)
     return report

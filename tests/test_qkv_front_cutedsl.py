@@ -184,3 +184,80 @@ def test_op_runs_the_kernel_by_default(cos_sin):
     ref_cache = torch.full_like(cache, float("nan"))
     y_ref = muse_ops.qkv_front(x, w, pos, slots, cos_sin, ref_cache, backend="reference")
     assert_close(y, y_ref.double(), "cutedsl vs reference")
+
+
+# ----------------------------------------------------------------------------- an FP8 cache
+FP8_CASES = [(1, 2, True, "tensor"), (8, 2, False, "per_head"), (16, 1, True, "per_head"), (40, 4, True, "tensor"),
+             (129, 2, True, "per_head"), (256, 8, False, "per_head"), (700, 2, True, "tensor"), (64, 16, True, "none")]
+
+
+def _fp8_scales(kind, kv_heads):
+    if kind == "none":
+        return None, None
+    if kind == "tensor":
+        return torch.tensor([0.37], device=DEV), torch.tensor([2.5], device=DEV)
+    g = torch.Generator(device="cpu").manual_seed(kv_heads)
+    return ((0.2 + torch.rand(kv_heads, generator=g)).to(DEV), (0.5 + 2 * torch.rand(kv_heads, generator=g)).to(DEV))
+
+
+def run_fp8(x, w, positions, slots, cos_sin, cache, k_scale, v_scale, override=None):
+    y = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=torch.bfloat16, device=DEV)
+    err = torch.zeros(1, dtype=torch.int32, device=DEV)
+    dev.launch_qkv_front(x, w, positions, slots, cos_sin, cache, y, err, override=override, k_scale=k_scale,
+                         v_scale=v_scale)
+    return y, err
+
+
+@pytest.mark.parametrize("m,kv_heads,rope,scales", FP8_CASES)
+def test_fp8_insert_matches_torch_e4m3(m, kv_heads, rope, scales, cos_sin):
+    """An FP8 cache: y against float64 as for bf16, the inserted bytes exactly torch's e4m3 of
+    y's k' / k_scale and v / v_scale, every other byte untouched (NaN-poisoned)."""
+    from muse_ops.testing import fp8_rows
+    _kernel()
+    x, w, pos, slots, _ = make_inputs(m, kv_heads, seed=m * 13 + kv_heads, pad=m // 5)
+    num_pages = max(4, -(-2 * m // PAGE_SIZE))
+    cache = torch.full((num_pages, kv_heads, PAGE_SIZE, 128), 0x7F, dtype=torch.uint8, device=DEV)
+    before = cache.clone()
+    k_scale, v_scale = _fp8_scales(scales, kv_heads)
+    cs = cos_sin if rope else None
+    y, err = run_fp8(x, w, pos, slots, cs, cache.view(torch.float8_e4m3fn), k_scale, v_scale)
+    assert int(err.item()) == 0
+    assert_close(y, qkv_front_f64(x, w, pos, cs, kv_heads), "y")
+    want = fp8_rows(inserted_rows_f64(y.double(), kv_heads).to(torch.bfloat16), k_scale, v_scale).view(torch.uint8)
+    flat = cache.permute(0, 2, 1, 3).reshape(-1, kv_heads, 128)
+    keep = slots.long() >= 0
+    assert torch.equal(flat[slots.long()[keep]], want[keep]), "inserted bytes"
+    touched = torch.zeros(flat.shape[0], dtype=torch.bool, device=DEV)
+    touched[slots.long()[keep]] = True
+    assert torch.equal(flat[~touched], before.permute(0, 2, 1, 3).reshape(-1, kv_heads, 128)[~touched])
+
+
+def test_fp8_insert_bit_identical_across_m_and_tiles(cos_sin):
+    """A token's FP8 cache row is the same bytes alone, among M = 1 .. 512 tokens, in every forced
+    tile, and run to run."""
+    _kernel()
+    kv_heads = 2
+    x, w, pos, slots, _ = make_inputs(512, kv_heads, seed=21)
+    k_scale, v_scale = _fp8_scales("per_head", kv_heads)
+    fresh = lambda: torch.full((64, kv_heads, PAGE_SIZE, 128), 0x7F, dtype=torch.uint8, device=DEV)  # noqa: E731
+    by_slot = lambda c: c.permute(0, 2, 1, 3).reshape(-1, kv_heads, 128)  # noqa: E731
+    cache_all = fresh()
+    run_fp8(x, w, pos, slots, cos_sin, cache_all.view(torch.float8_e4m3fn), k_scale, v_scale)
+    again = fresh()
+    run_fp8(x, w, pos, slots, cos_sin, again.view(torch.float8_e4m3fn), k_scale, v_scale)
+    assert torch.equal(cache_all, again), "not deterministic run to run"
+    for m in (1, 8, 16, 64, 128, 129, 256):
+        for start in sorted({0, 512 - m}):
+            part = slice(start, start + m)
+            c = fresh()
+            run_fp8(x[part].contiguous(), w, pos[part].contiguous(), slots[part].contiguous(), cos_sin,
+                    c.view(torch.float8_e4m3fn), k_scale, v_scale)
+            s = slots[part].long()
+            assert torch.equal(by_slot(c)[s], by_slot(cache_all)[s]), (m, start)
+    from muse_ops.cutedsl.qkv_front_plan import TILE_SHAPES
+    for tile, hpc in TILE_SHAPES:
+        c = fresh()
+        run_fp8(x[:200].contiguous(), w, pos[:200].contiguous(), slots[:200].contiguous(), cos_sin,
+                c.view(torch.float8_e4m3fn), k_scale, v_scale, override={"tile": (tile, hpc)})
+        s = slots[:200].long()
+        assert torch.equal(by_slot(c)[s], by_slot(cache_all)[s]), (tile, hpc)

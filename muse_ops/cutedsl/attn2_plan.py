@@ -304,11 +304,14 @@ def _default_config(q_len: int, window: int, max_seq_len: int, layout: str, ctas
     return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm)
 
 
-def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> tuple[bool, str]:
+def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int,
+                  fp8: bool = False) -> tuple[bool, str]:
     """Whether a deployment's attn2 runs on the kernel on `device`, and why not."""
     ok, why = runtime.device_support(device)
     if not ok:
         return ok, why
+    if fp8:
+        return False, "the attn2 kernel reads a bf16 KV cache only (an FP8 cache runs on the reference)"
     if q_len not in SUPPORTED_Q_LENS:
         return False, f"q_len must be one of {SUPPORTED_Q_LENS}, got {q_len}"
     if kv_heads < 1 or window < 0 or max_seq_len < q_len:
@@ -341,7 +344,8 @@ def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max
     return _config(q_len, window, max_seq_len, layout, **over, ctas_per_sm=cap) if cap else cfg
 
 
-def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int) -> list["Attn2Config"]:
+def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int,
+                        fp8: bool = False) -> list["Attn2Config"]:
     """Every variant a deployment may launch, whatever its batch (what prepare compiles): each
     layout under each occupancy cap; kv_heads is a run-time dimension of the kernel."""
     return [_config(q_len, window, max_seq_len, layout, ctas_per_sm=cap)

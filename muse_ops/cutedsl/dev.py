@@ -13,6 +13,8 @@ import importlib.util
 import os
 import sys
 
+import torch
+
 from . import launch, runtime
 from .attn2_plan import launch_config as attn2_launch_config
 from .qkv_front_plan import k_split, launch_config as qkv_front_launch_config
@@ -40,7 +42,7 @@ def compile_attn2(cfg, extra_options: str = "", kernel=None):
 
 
 def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, override: dict | None = None,
-                     kernel=None) -> None:
+                     kernel=None, k_scale=None, v_scale=None) -> None:
     """launch.launch_qkv_front with the plan's config overridden (qkv_front_plan.launch_config's
     override; "split" forces another K split) and/or another kernel module."""
     if x.shape[0] == 0:
@@ -48,9 +50,9 @@ def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_fl
     over = dict(override or {})
     split = over.pop("split", None) or k_split(kv_cache.shape[1])
     cfg = qkv_front_launch_config(x.shape[0], kv_cache.shape[1], cos_sin is not None, positions.dtype, slots.dtype,
-                                  over)
+                                  over, fp8=kv_cache.dtype == torch.float8_e4m3fn)
     fn = compile_qkv_front(cfg, kernel=kernel)
-    launch.call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
+    launch.call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split, k_scale, v_scale)
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int, window: int,

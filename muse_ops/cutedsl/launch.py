@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from . import aot, compile_cache, registry, runtime, shims
 from .attn2_plan import Attn2Config, launch_config as attn2_launch_config, wave_ctas, workspace_layout
 from .qkv_front_plan import QkvFrontConfig, k_split, launch_config as qkv_front_launch_config
@@ -71,22 +73,34 @@ def compile_all_for_ci(op: str) -> list:
     return done
 
 
-def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag) -> None:
-    """Write y and the cache rows on torch's current stream (graph-capturable; no host sync)."""
+def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, k_scale=None,
+                     v_scale=None) -> None:
+    """Write y and the cache rows on torch's current stream (graph-capturable; no host sync). An
+    FP8 cache takes its scales (None: 1.0)."""
     m = x.shape[0]
     if m == 0:
         return
-    cfg = qkv_front_launch_config(m, kv_cache.shape[1], cos_sin is not None, positions.dtype, slots.dtype)
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    cfg = qkv_front_launch_config(m, kv_cache.shape[1], cos_sin is not None, positions.dtype, slots.dtype, fp8=fp8)
     fn = compile_qkv_front(cfg)
-    shims.offer_qkv_front(cfg, fn)   # the C++ ops launch it from now on
-    call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, k_split(kv_cache.shape[1]))
+    if not fp8:
+        shims.offer_qkv_front(cfg, fn)   # the C++ ops launch it from now on
+    call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, k_split(kv_cache.shape[1]),
+                   k_scale, v_scale)
 
 
-def call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split: int) -> None:
-    """Call a compiled qkv_front variant (a dummy cos_sin where the variant has no RoPE)."""
+def call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split: int, k_scale=None,
+                   v_scale=None) -> None:
+    """Call a compiled qkv_front variant (a dummy cos_sin where the variant has no RoPE; an FP8
+    cache's variant also takes the two scales, 1.0 where None)."""
     if cos_sin is None:
         cos_sin = runtime.dummy_tensor(x.device)
-    fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        one = runtime.dummy_tensor(x.device, shape=(1,), fill=1.0)
+        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, one if k_scale is None else k_scale,
+           one if v_scale is None else v_scale, split)
+    else:
+        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,

@@ -113,3 +113,27 @@ def wgmma_group(mma_atom, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, ze
 def set_error_bit(mErr: cute.Tensor, bit: cutlass.Constexpr[int]):
     """OR one of muse_ops.errors' bits into the device error flag (int32 [1])."""
     cute.arch.atomic_or(mErr.iterator, Int32(bit), sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def bf16_round(a: Float32) -> Float32:
+    """a rounded to bf16 (nearest even), as fp32."""
+    return cute.arch.inline_ptx("{ .reg .b16 h; cvt.rn.bf16.f32 h, {$r0}; cvt.f32.bf16 {$w0}, h; }",
+                                write_only_types=[Float32], read_only_args=[a])
+
+
+@cute.jit
+def div_rn(a: Float32, b: Float32) -> Float32:
+    """a / b, IEEE division rounded to nearest even (what torch computes on the CPU and the GPU)."""
+    return cute.arch.inline_ptx("div.rn.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Float32], read_only_args=[a, b])
+
+
+@cute.jit
+def pack_e4m3x4(a0: Float32, a1: Float32, a2: Float32, a3: Float32) -> Uint32:
+    """e4m3 of four fp32 in bytes 0..3 (a0 lowest): round to nearest even, saturated to +-448
+    (.satfinite: +-inf becomes +-448, NaN stays NaN)."""
+    # cvt.rn.satfinite.e4m3x2.f32 d, a, b puts e4m3(a) in the HIGH byte of d
+    return cute.arch.inline_ptx(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, {$r1}, {$r0}; "
+        "cvt.rn.satfinite.e4m3x2.f32 hi, {$r3}, {$r2}; mov.b32 {$w0}, {lo, hi}; }",
+        write_only_types=[Uint32], read_only_args=[a0, a1, a2, a3])

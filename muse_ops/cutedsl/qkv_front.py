@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32, Int64, Uint32, const_expr
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64, Uint32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cuda.bindings import driver as cuda
@@ -60,7 +60,8 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
-from .ptx import add_rn, fma_rn, mul_rn, pack_bf16x2, select, set_error_bit, st_dsmem_f32x2
+from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mul_rn, pack_bf16x2, pack_e4m3x4, select, set_error_bit,
+                  st_dsmem_f32x2)
 from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, STAMP_PHASES, STAMP_PRODUCER_PHASES,  # noqa: F401
                              STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
                              landing_offset, landing_slab, landing_slab_floats, launch_config, owned_token)
@@ -96,6 +97,18 @@ def _store_row(addr: Int64, v: cute.Tensor):
     for q in cutlass.range_constexpr(ROW_COLS // 8):
         _st_global_v4(addr + 16 * q, pack_bf16x2(v[8 * q], v[8 * q + 1]), pack_bf16x2(v[8 * q + 2], v[8 * q + 3]),
                       pack_bf16x2(v[8 * q + 4], v[8 * q + 5]), pack_bf16x2(v[8 * q + 6], v[8 * q + 7]))
+
+
+@cute.jit
+def _store_row_e4m3(addr: Int64, v: cute.Tensor, scale: Float32):
+    """e4m3(bf16(v) / scale) (ROW_COLS fp32: the quotient of the bf16 value y holds, divided in
+    fp32, rounded to nearest even, saturated) as ROW_COLS bytes at a 16-byte aligned address."""
+    q = cute.make_rmem_tensor(cute.make_layout(ROW_COLS), Float32)
+    for c in cutlass.range_constexpr(ROW_COLS):
+        q[c] = div_rn(bf16_round(v[c]), scale)
+    for w in cutlass.range_constexpr(ROW_COLS // 16):
+        _st_global_v4(addr + 16 * w, *(pack_e4m3x4(q[16 * w + 4 * i], q[16 * w + 4 * i + 1], q[16 * w + 4 * i + 2],
+                                                   q[16 * w + 4 * i + 3]) for i in range(4)))
 
 
 # ------------------------------------------------------------------------ device-side state
@@ -420,31 +433,42 @@ class SplitK:
 class KvCache:
     """The paged K/V cache as the epilogue writes it: row (page, kv head, slot % 16) holds k' in
     columns 0:64 and v in 64:128, from y's heads hq .. hq + hkv - 1 (k) and the next hkv (v).
-    Rows are addressed in 64 bits (a cache may exceed 2^31 elements)."""
+    Rows are addressed in 64 bits (a cache may exceed 2^31 elements). An FP8 cache (fp8) holds
+    e4m3(k' / k_scale) and e4m3(v / v_scale), the scales per tensor (one element) or per KV head."""
     base: Int64          # the cache's global address
     hq: Int32            # y's q heads, before its k heads
     hkv: Int32
     capacity: Int64      # pages * PAGE_SIZE slots
     mErr: cute.Tensor
+    mKScale: cute.Tensor | None    # fp32 [1] or [Hkv] (fp8 only)
+    mVScale: cute.Tensor | None
+    fp8: cutlass.Constexpr[bool]
 
     @staticmethod
-    def create(mCache: cute.Tensor, mErr: cute.Tensor) -> "KvCache":
+    def create(mCache: cute.Tensor, mErr: cute.Tensor, mKScale, mVScale) -> "KvCache":
         hkv = mCache.shape[1]
-        return KvCache(mCache.iterator.toint(), GROUP * hkv, hkv, Int64(mCache.shape[0]) * PAGE_SIZE, mErr)
+        return KvCache(mCache.iterator.toint(), GROUP * hkv, hkv, Int64(mCache.shape[0]) * PAGE_SIZE, mErr,
+                       mKScale, mVScale, mKScale is not None)
 
     @cute.jit
     def store_row(self, row: cute.Tensor, slot: Int64, head: Int32, is_v: Int32, col: Int32):
         """A quad lane's ROW_COLS columns from col of y's k head (is_v 0) or v head (is_v 1)
         `head` into the cache row of `slot`, rounded to bf16 as y's are (the values are y's fp32
-        row: v exact in bf16, k' rotated but not yet rounded). A negative slot (padding) stores
-        nothing; a slot past the cache stores nothing and sets BAD_SLOT."""
+        row: v exact in bf16, k' rotated but not yet rounded), then, in an FP8 cache, divided by
+        the head's scale and rounded to e4m3. A negative slot (padding) stores nothing; a slot past
+        the cache stores nothing and sets BAD_SLOT."""
         if slot >= 0:
             if slot < self.capacity:
                 kv_head = head - self.hq - is_v * self.hkv
                 page = slot // PAGE_SIZE
                 cache_row = (page * self.hkv + kv_head) * PAGE_SIZE + slot % PAGE_SIZE
                 cache_col = is_v * HEAD_DIM + col
-                _store_row(self.base + (cache_row * CACHE_ROW + cache_col) * 2, row)
+                if const_expr(self.fp8):
+                    k_scale = self.mKScale[cutlass.min(kv_head, self.mKScale.shape[0] - 1)]
+                    v_scale = self.mVScale[cutlass.min(kv_head, self.mVScale.shape[0] - 1)]
+                    _store_row_e4m3(self.base + cache_row * CACHE_ROW + cache_col, row, select(is_v, v_scale, k_scale))
+                else:
+                    _store_row(self.base + (cache_row * CACHE_ROW + cache_col) * 2, row)
             else:
                 if col == 0:
                     set_error_bit(self.mErr, BAD_SLOT)
@@ -634,9 +658,11 @@ class QkvFrontSm90:
                  mPos: cute.Tensor,           # int32 | int64 [M]
                  mSlot: cute.Tensor,          # int32 | int64 [M]
                  mCS: cute.Tensor,            # fp32 [P, 64]
-                 mCache: cute.Tensor,         # bf16 [pages, Hkv, 16, 128]
+                 mCache: cute.Tensor,         # bf16 | float8_e4m3fn [pages, Hkv, 16, 128]
                  mY: cute.Tensor,             # bf16 [M, N]
                  mErr: cute.Tensor,           # int32 [1]
+                 mKScale: cute.Tensor | None,  # fp32 [1] or [Hkv] (an FP8 cache), else None
+                 mVScale: cute.Tensor | None,
                  split: Int32,                # the K split S (cluster size)
                  stream: cuda.CUstream):
         tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
@@ -663,14 +689,15 @@ class QkvFrontSm90:
         # weight rows run side by side, so the weight crosses from HBM once however many tiles
         # there are, even where it exceeds the L2 (Hkv >= 4) and the grid takes several waves
         self.kernel(tma_w, mW_tma, tma_x, mX_tma, tuple(a for a, _ in boxes), tuple(t for _, t in boxes), mPos, mSlot,
-                    mCS, mCache, mY, mErr, sW_layout, sX_layout, split).launch(
+                    mCS, mCache, mY, mErr, mKScale, mVScale, sW_layout, sX_layout, split).launch(
             grid=(split, (m + tokens - 1) // tokens, head_groups), block=(self.cfg.threads, 1, 1),
             cluster=(split, 1, 1), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
                box_atoms: tuple, box_tensors: tuple, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
-               mErr: cute.Tensor, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
+               mErr: cute.Tensor, mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
+               sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
         """CTA (rank, tile, head_group): the K tiles of `rank` for the heads_per_cta heads from
         head_group * heads_per_cta and the token_tile tokens from tile * token_tile. Warps
         0 .. 4 heads_per_cta - 1 are the consumer warpgroups (one head each), the next one the producer."""
@@ -715,7 +742,7 @@ class QkvFrontSm90:
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()   # before the first global access of these threads
             if const_expr(self.cfg.epilogue):
-                cache = KvCache.create(mCache, mErr)
+                cache = KvCache.create(mCache, mErr, mKScale, mVScale)
                 self.epilogue(Epilogue.create(self.cfg, split_k, tokens, head_group, indices, mCS, mY, cache))
                 self.stamp("done")
 
@@ -882,6 +909,10 @@ def _compile(cfg: QkvFrontConfig, extra_options: str):
     n = cute.sym_int(divisibility=64)
     pages, hkv, n_pos = (cute.sym_int() for _ in range(3))
     fake = runtime.fake_tensor
+    # an FP8 cache's variant takes the two scales (fp32, one element or one per KV head); a bf16
+    # cache's takes none (the arguments are compile-time None: not in its signature)
+    scales = ((fake(Float32, (cute.sym_int(),), align=4), fake(Float32, (cute.sym_int(),), align=4)) if cfg.fp8
+              else (None, None))
     return cute.compile(
         QkvFrontSm90(cfg),
         fake(BFloat16, (m, HIDDEN), align=16),                          # x
@@ -889,8 +920,9 @@ def _compile(cfg: QkvFrontConfig, extra_options: str):
         fake(_INDEX[cfg.pos_dtype], (m,), align=4),                     # positions
         fake(_INDEX[cfg.slot_dtype], (m,), align=4),                    # slots
         fake(Float32, (n_pos, HEAD_DIM), align=16),                     # cos_sin
-        fake(BFloat16, (pages, hkv, PAGE_SIZE, CACHE_ROW), align=16),   # kv_cache
+        fake(Float8E4M3FN if cfg.fp8 else BFloat16, (pages, hkv, PAGE_SIZE, CACHE_ROW), align=16),  # kv_cache
         fake(BFloat16, (m, n), align=16),                               # y
         fake(Int32, (1,), align=4),                                     # error flag
+        *scales,                                                        # k_scale, v_scale
         Int32(3), runtime.env_stream(),
         options=runtime.compile_options(extra_options))

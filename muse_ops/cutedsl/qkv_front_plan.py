@@ -209,6 +209,7 @@ class QkvFrontConfig:
     epilogue: bool = True  # development only: False skips the sum and the epilogue (times the main loop)
     owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
     stamps: int = 0       # development only: global address of the phase stamps (STAMP_PHASES); 0: none
+    fp8: bool = False     # a float8_e4m3fn cache: the insert quantizes k' / k_scale and v / v_scale
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
@@ -298,41 +299,48 @@ def _dtype_name(t) -> str:
 
 
 def launch_config(m: int, kv_heads: int, rope: bool, positions_dtype, slots_dtype,
-                  override: dict | None = None) -> QkvFrontConfig:
-    """The variant a launch of m tokens at kv_heads runs; override (dev tools, tests) forces a tile
-    ("tile": (T, heads)) or another knob of the config."""
+                  override: dict | None = None, fp8: bool = False) -> QkvFrontConfig:
+    """The variant a launch of m tokens at kv_heads runs (fp8: into a float8_e4m3fn cache);
+    override (dev tools, tests) forces a tile ("tile": (T, heads)) or another knob of the config."""
     if not override:   # every eager call asks: the table's variants are cached
         return _default_config(*tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
-                               _dtype_name(slots_dtype))
+                               _dtype_name(slots_dtype), bool(fp8))
     over = dict(override)
     tile, hpc, kps = tile_for(m, kv_heads)
     if "tile" in over:
         tile, hpc = over.pop("tile")
         kps = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1)
     over.setdefault("k_tiles_per_stage", kps)
+    over.setdefault("fp8", bool(fp8))
     return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_config(tile: int, hpc: int, kps: int, rope: bool, pos_dtype: str, slot_dtype: str) -> QkvFrontConfig:
-    return QkvFrontConfig.create(tile, hpc, rope, pos_dtype, slot_dtype, k_tiles_per_stage=kps)
+def _default_config(tile: int, hpc: int, kps: int, rope: bool, pos_dtype: str, slot_dtype: str,
+                    fp8: bool = False) -> QkvFrontConfig:
+    return QkvFrontConfig.create(tile, hpc, rope, pos_dtype, slot_dtype, k_tiles_per_stage=kps, fp8=fp8)
 
 
-def deployment_variants(kv_heads: int, rope: bool) -> list[QkvFrontConfig]:
+def deployment_variants(kv_heads: int, rope: bool, fp8: bool = False) -> list[QkvFrontConfig]:
     """Every variant a deployment may launch for M = 1 .. any: one per token tile, for int64
     positions and slots (as muse_ops.PagedBatch builds them) and for int32 (what some engines
     pass). Mixed index dtypes compile on first use. kv_heads is a run-time dimension."""
-    return [QkvFrontConfig.create(tile, hpc, rope, d, d, k_tiles_per_stage=kps) for _, tile, hpc, kps in TILES
+    return [QkvFrontConfig.create(tile, hpc, rope, d, d, k_tiles_per_stage=kps, fp8=fp8) for _, tile, hpc, kps in TILES
             for d in INDEX_DTYPES]
 
 
 def ci_variants() -> list[QkvFrontConfig]:
-    """What CI compiles on the CPU: every tile shape, RoPE on and off, every index dtype pair."""
-    return [QkvFrontConfig.create(tile, hpc, rope, p, s, k_tiles_per_stage=kps) for _, tile, hpc, kps in TILES
+    """What CI compiles on the CPU: every tile shape, RoPE on and off, every index dtype pair, for a
+    bf16 cache; and every tile shape, RoPE on and off, for an FP8 cache (one index dtype each: the
+    insert's code does not depend on it)."""
+    bf16 = [QkvFrontConfig.create(tile, hpc, rope, p, s, k_tiles_per_stage=kps) for _, tile, hpc, kps in TILES
             for rope in (False, True) for p in INDEX_DTYPES for s in INDEX_DTYPES]
+    fp8 = [QkvFrontConfig.create(tile, hpc, rope, "int64", "int64", k_tiles_per_stage=kps, fp8=True)
+           for _, tile, hpc, kps in TILES for rope in (False, True)]
+    return bf16 + fp8
 
 
-def can_implement(device, kv_heads: int, rope: bool | None = None) -> tuple[bool, str]:
+def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:
     ok, why = runtime.device_support(device)
     if not ok:
         return ok, why

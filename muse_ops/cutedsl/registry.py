@@ -34,9 +34,9 @@ class KernelFamily:
 
 FAMILIES: dict[str, KernelFamily] = {
     "attn2": KernelFamily("attn2", "muse_ops.cutedsl.attn2_plan", "muse_ops.cutedsl.attn2",
-                          ("kv_heads", "q_len", "window", "max_seq_len")),
+                          ("kv_heads", "q_len", "window", "max_seq_len", "fp8")),
     "qkv_front": KernelFamily("qkv_front", "muse_ops.cutedsl.qkv_front_plan", "muse_ops.cutedsl.qkv_front",
-                              ("kv_heads", "rope")),
+                              ("kv_heads", "rope", "fp8")),
 }
 
 

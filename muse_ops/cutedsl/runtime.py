@@ -95,12 +95,13 @@ def env_stream():
 _DUMMIES: dict = {}
 
 
-def dummy_tensor(device, dtype=torch.float32, shape=(1, 64)) -> torch.Tensor:
-    """A small tensor standing in for an absent optional input of a compiled variant (the variant
-    never reads it); one per device and dtype, so a call allocates nothing."""
-    key = (torch.device(device), dtype, shape)
+def dummy_tensor(device, dtype=torch.float32, shape=(1, 64), fill: float = 0.0) -> torch.Tensor:
+    """A small constant tensor standing in for an absent optional input of a compiled variant
+    (zeros the variant never reads, or a scale of 1.0); one per device, dtype, shape and value, so
+    a call allocates nothing."""
+    key = (torch.device(device), dtype, shape, fill)
     t = _DUMMIES.get(key)
     if t is None:
         with torch.inference_mode(False):
-            t = _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
+            t = _DUMMIES[key] = torch.full(shape, fill, dtype=dtype, device=device)
     return t
