@@ -64,7 +64,7 @@ def test_tensor_parallel_cpu_matches_one_device(world, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
 def test_tensor_parallel_gpu_matches_one_device(world, tmp_path):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPUs, this machine has {torch.cuda.device_count()}")
