@@ -17,7 +17,10 @@ from pathlib import Path
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
-SHIMS_SOURCE = "csrc_shims/muse_shims.cpp"
+# the C++ ops (the package library: muse_shims.cpp + muse_bindings.cpp) and the development
+# library (muse_shims_dev.cpp), all with their shared header
+SHIMS_SOURCES = ["csrc_shims/muse_shims.cpp", "csrc_shims/muse_bindings.cpp"]
+SHIMS_FILES = [*SHIMS_SOURCES, "csrc_shims/muse_shims.h", "csrc_shims/muse_shims_dev.cpp"]
 HERE = Path(__file__).parent
 
 
@@ -32,19 +35,20 @@ def _version() -> str:
 
 
 class BuildPyWithShimsSource(build_py):
-    """An installed package carries the C++ source as muse_ops/csrc/muse_shims.cpp, so that
+    """An installed package carries the C++ sources in muse_ops/csrc/, so that
     `python -m muse_ops build-shims` works where no checkout lies beside it (a wheel); an
-    editable install reads the checkout's csrc_shims/ instead (muse_ops.cutedsl.shims.SOURCES)."""
+    editable install reads the checkout's csrc_shims/ instead (muse_ops.cutedsl.shims.SOURCE_DIRS)."""
 
     def run(self):
         super().run()
         target = Path(self.build_lib) / "muse_ops" / "csrc"
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(SHIMS_SOURCE, target / Path(SHIMS_SOURCE).name)
+        for source in SHIMS_FILES:
+            shutil.copyfile(source, target / Path(source).name)
 
 
 def _shims_extension() -> dict:
-    """MUSE_OPS_BUILD_SHIMS=1: build csrc_shims/muse_shims.cpp as muse_ops/_shims*.so with torch's
+    """MUSE_OPS_BUILD_SHIMS=1: build the C++ ops (SHIMS_SOURCES) as muse_ops/_shims*.so with torch's
     CppExtension (no Python binding: the package loads it with torch.ops.load_library, so it does
     not link libtorch_python and a C++ program can load it too). Every build ships the source."""
     commands = {"build_py": BuildPyWithShimsSource}
@@ -52,7 +56,7 @@ def _shims_extension() -> dict:
         return {"cmdclass": commands}
     import tvm_ffi
     from torch.utils.cpp_extension import BuildExtension, CppExtension
-    ext = CppExtension("muse_ops._shims", [SHIMS_SOURCE], py_limited_api=True,
+    ext = CppExtension("muse_ops._shims", SHIMS_SOURCES, py_limited_api=True,
                        include_dirs=[tvm_ffi.libinfo.find_include_path()], extra_compile_args=["-O2", "-std=c++20"])
     return {"ext_modules": [ext], "cmdclass": {**commands, "build_ext": BuildExtension}}
 

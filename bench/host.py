@@ -18,6 +18,11 @@ checks on. Paths:
   layer compiled      torch.compile(layer) in the default mode (Inductor, no CUDA graphs)
   compiled floor      the same for a module of the layer's state and inputs that writes one input
                       in place and returns one output with two trivial kernels: torch.compile's own cost
+The torch.ops.muse.* and muse_ops.* rows also give the C++ fast path's share of a call, split into
+its checks and lookups, the guard and the output's allocation, and the kernel call, timed on its
+clocked copy (`_shims_*_clocked`: the same code with a host clock). The floors and the clocked
+copies are the development library's (csrc_shims/muse_shims_dev.cpp; shims.load_dev builds and
+loads it): the package's own ops read no clock.
 """
 from __future__ import annotations
 
@@ -69,23 +74,19 @@ def host_us(fn, calls: int = CALLS, repeats: int = 7) -> float:
     return statistics.median(samples)
 
 
-def timed_with_cpp_share(op: str, fn) -> tuple[float, dict]:
-    """host_us(fn) with the C++ path's clock off (what a caller pays), and the C++ kernel's share
-    of a second timing of the same calls with it on, in us per call ("cpp": its whole body,
-    "launch", "plan", "alloc": shims.stats()'s parts; the clock's own reads included); {} where
-    no call took the C++ path."""
-    us = host_us(fn)
-    shims.set_clock(True)
-    try:
-        before = shims.stats().get(op, {})
-        host_us(fn)
-        after = shims.stats().get(op, {})
-    finally:
-        shims.set_clock(False)
-    n = after.get("clocked", 0) - before.get("clocked", 0)
-    share = {part: (after[f"{part}_ns"] - before[f"{part}_ns"]) / n / 1e3
-             for part in ("cpp", "launch", "plan", "alloc")} if n else {}
-    return us, share
+CLOCK_PARTS = ("cpp", "plan", "alloc", "launch")   # the layout of _shims_clock_stats after each op's call count
+
+
+def cpp_share(op: str, clocked) -> dict:
+    """The C++ fast path's host time per call in us, timed back to back (host_us) on its clocked copy
+    `clocked` (a call of `_shims_<op>_clocked`): "cpp" its whole body, "plan" the checks and the
+    table lookups, "alloc" the device guard and the output, "launch" the kernel call (the clock's own
+    six reads, ~0.15 us, included); {} where no call took the fast path."""
+    torch.ops.muse._shims_clock_reset()
+    host_us(clocked)
+    first = (1 + len(CLOCK_PARTS)) * shims.OPS.index(op)
+    calls, *ns = torch.ops.muse._shims_clock_stats()[first:first + 1 + len(CLOCK_PARTS)]
+    return {part: v / calls / 1e3 for part, v in zip(CLOCK_PARTS, ns)} if calls else {}
 
 
 def public_calls(batch: int = 1, length: int = 512) -> dict:
@@ -137,6 +138,8 @@ def _inputs(batch: int, length: int):
 def measure() -> list[dict]:
     rows = []
     kw = ATTN2_KW
+    if shims.loaded():
+        shims.load_dev()   # the floors and the clocked copies of the fast path
     for batch, length in ((1, 512), (64, 8192)):
         b, cache, x, w, ws = _inputs(batch, length)
         with torch.inference_mode():
@@ -170,13 +173,17 @@ def measure() -> list[dict]:
                         y, cache, b.page_table, b.seq_lens, ws, **kw),
                 },
             }
+            clocked = {"qkv_front": lambda: torch.ops.muse._shims_qkv_front_clocked(x, w, b.positions, b.slots, None,
+                                                                                    cache),
+                       "attn2": lambda: torch.ops.muse._shims_attn2_clocked(y, cache, b.page_table, b.seq_lens, ws,
+                                                                            **kw)}
             if not shims.loaded():
                 del paths["qkv_front"]["dispatcher floor"]
                 del paths["attn2"]["dispatcher floor"], paths["attn2"]["dispatcher floor, workspace not (a!)"]
             for op, fns in paths.items():
+                share = cpp_share(op, clocked[op]) if shims.loaded() else {}
                 for name, fn in fns.items():
-                    us, share = timed_with_cpp_share(op, fn)
-                    row = {"op": op, "B": batch, "L": length, "path": name, "host_us": us}
+                    row = {"op": op, "B": batch, "L": length, "path": name, "host_us": host_us(fn)}
                     if name.startswith(("torch.ops", "muse_ops")):   # the C++ body's share of it
                         row.update({f"{part}_us": v for part, v in share.items()})
                     row["single_us"] = one_at_a_time_us(fn)

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
             return demo_main(rest)
         if cmd == "build-shims":
             from .cutedsl.shims import main as shims_main
-            return shims_main(["build", *rest])
+            return shims_main(["build-shims", *rest])
         if cmd == "bench":
             root = _checkout_root()
             if root is None:

@@ -1,8 +1,9 @@
 """The C++ ops (csrc_shims/, muse_ops.cutedsl.shims) on the GPU: once a variant is registered, eager
 calls of torch.ops.muse.* and muse_ops.* launch it from C++, with the same bits as the Python host
 path, the same errors (handed back to Python before anything is written), the device error flag,
-CUDA graphs and torch.compile; and the C++ example runs a layer step from a program without
-Python. Skipped without CUDA or without the C++ library."""
+CUDA graphs and torch.compile; calls outside Python's tables go to Python; the development
+library's clocked ops run the same fast path; and the C++ example runs a layer step from a program
+without Python. Skipped without CUDA or without the C++ library."""
 import os
 import subprocess
 import sys
@@ -142,6 +143,79 @@ def test_gpu_shims_backend_selection_and_checked_mode(monkeypatch):
         torch.ops.muse.qkv_front(x, w, positions, bad, cos_sin, cache)   # unchecked: the kernel flags it
         assert _counts("qkv_front")[0] == cpp0 + 1
         assert errors.device_errors("cuda") & errors.BAD_SLOT
+
+
+def test_gpu_shims_calls_outside_the_tables_go_to_python():
+    """Where Python's tables do not cover a call (more tokens or requests than they plan, an FP8
+    cache), the C++ path hands it to Python, which plans it: the same bits as the Python path."""
+    m = shims.TABLE_MAX_TOKENS + 1
+    gen = torch.Generator().manual_seed(21)
+    x, w = qkv_front_inputs(m, 1, gen, device="cuda")
+    pages = m // 16 + 8
+    slots = torch.randperm(pages * 16, generator=gen)[:m].cuda()
+    positions = torch.randint(0, 4096, (m,), generator=gen).cuda()
+    cache = torch.randn(pages, 1, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    with torch.inference_mode():
+        torch.ops.muse.qkv_front(x, w, positions, slots, None, cache.clone())     # compiles the variant
+        cpp0, py0 = _counts("qkv_front")
+        cache_cpp, cache_py = cache.clone(), cache.clone()
+        y = torch.ops.muse.qkv_front(x, w, positions, slots, None, cache_cpp)
+        assert _counts("qkv_front") == (cpp0, py0 + 1), "a call past the tables took the C++ path"
+        assert muse_ops.last_backend("qkv_front") == "cutedsl"
+        y_py = ops._run_qkv_front("cutedsl", x, w, positions, slots, None, cache_py)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(y), _bits(y_py)) and torch.equal(_bits(cache_cpp), _bits(cache_py))
+
+    r = shims.TABLE_MAX_REQUESTS + 1
+    y, kv, b = attn2_inputs([20] * r, 1, 1, torch.Generator().manual_seed(22), device="cuda")
+    page_table, seq_lens = b.page_table.cuda(), b.seq_lens.cuda()
+    kw = dict(q_len=1, window=0, scale=DEFAULT_SCALE, max_seq_len=4096)
+    ws = muse_ops.attn2_workspace("cuda", r, 1, 1, 0, 4096)
+    with torch.inference_mode():
+        torch.ops.muse.attn2(y, kv, page_table, seq_lens, ws, **kw)
+        cpp0, py0 = _counts("attn2")
+        out = torch.ops.muse.attn2(y, kv, page_table, seq_lens, ws, **kw)
+        assert _counts("attn2") == (cpp0, py0 + 1), "a batch past the tables took the C++ path"
+        out_py = ops._run_attn2("cutedsl", y, kv, page_table, seq_lens, ws, 1, 0, DEFAULT_SCALE, 4096)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(out), _bits(out_py))
+
+    x, w, positions, slots, _, cache = _front_case(8, 2, False, torch.int64, seed=23)
+    fp8 = cache.to(torch.float8_e4m3fn)
+    scale = torch.ones(2, device="cuda")
+    with torch.inference_mode():
+        cpp0, py0 = _counts("qkv_front")
+        torch.ops.muse.qkv_front(x, w, positions, slots, None, fp8, k_scale=scale, v_scale=scale)
+    assert _counts("qkv_front") == (cpp0, py0 + 1) and muse_ops.last_backend("qkv_front") == "reference"
+
+
+def test_gpu_shims_development_library_times_the_fast_path(tmp_path):
+    """The development library's clocked ops run the package's fast path (the same bits, counted as
+    C++ calls) with a host clock; its floors return at once. The package's ops read no clock."""
+    shims.load_dev(tmp_path / shims.DEV_LIBRARY_NAME)
+    x, w, positions, slots, cos_sin, cache = _front_case(8, 2, True, torch.int64, seed=24)
+    y2, kv, b = attn2_inputs([100, 3000], 8, 2, torch.Generator().manual_seed(25), device="cuda")
+    page_table, seq_lens = b.page_table.cuda(), b.seq_lens.cuda()
+    kw = dict(q_len=8, window=0, scale=DEFAULT_SCALE, max_seq_len=4096)
+    ws = muse_ops.attn2_workspace("cuda", 8, 2, 8, 0, 4096)
+    with torch.inference_mode():
+        torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache.clone())
+        torch.ops.muse.attn2(y2, kv, page_table, seq_lens, ws, **kw)
+        torch.ops.muse._shims_clock_reset()
+        front0, attn0 = _counts("qkv_front"), _counts("attn2")
+        y = torch.ops.muse.qkv_front(x, w, positions, slots, cos_sin, cache.clone())
+        y_clocked = torch.ops.muse._shims_qkv_front_clocked(x, w, positions, slots, cos_sin, cache.clone())
+        out = torch.ops.muse.attn2(y2, kv, page_table, seq_lens, ws, **kw)
+        out_clocked = torch.ops.muse._shims_attn2_clocked(y2, kv, page_table, seq_lens, ws, **kw)
+        assert _counts("qkv_front")[0] == front0[0] + 2 and _counts("attn2")[0] == attn0[0] + 2
+        assert torch.ops.muse._shims_null(x, w, positions, slots, cos_sin, cache) is not None
+        assert torch.ops.muse._shims_null_attn2(y2, kv, page_table, seq_lens, ws, **kw) is not None
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(y), _bits(y_clocked)) and torch.equal(_bits(out), _bits(out_clocked))
+    stats = torch.ops.muse._shims_clock_stats()
+    for op in range(2):    # [calls, total, plan, alloc, launch] ns of each op: one clocked call each
+        calls, total, plan, alloc, launch = stats[5 * op:5 * op + 5]
+        assert calls == 1 and min(plan, alloc, launch) > 0 and total >= plan + alloc + launch, stats
 
 
 def _layer_step(cfg, lengths, seed):

@@ -1,16 +1,20 @@
 """Interleaved host-time rounds of the two public ops (torch.ops.muse.* and muse_ops.*), of the layer's
 eager step (one C++ call) against its two ops called one by one, and of the C++ no-op ops with their argument
 lists (the dispatcher's floor for each schema), so a slow phase of the machine hits every path
-alike: python tools/host_floors.py (B=1 L=512; needs the C++ ops, the checkout on PYTHONPATH). Median of the rounds' medians, us."""
+alike: python tools/host_floors.py (B=1 L=512; needs the C++ ops, the checkout on PYTHONPATH). Median of the rounds' medians, us.
+The no-op ops are the development library's (csrc_shims/muse_shims_dev.cpp): shims.load_dev builds
+and loads it."""
 import statistics
 
 import torch
 
 import muse_ops
 from bench.host import host_us, prepared_layer, public_calls
+from muse_ops.cutedsl import shims
 
 
 def main() -> None:
+    shims.load_dev()   # the _shims_null* floors
     with torch.inference_mode():
         calls = public_calls()
         b, cache, x, w, ws, y, kw = calls["inputs"]

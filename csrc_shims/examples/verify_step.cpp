@@ -70,16 +70,20 @@ int main(int argc, char** argv) {
   // attn2's workspace: zeroed once, kept for every step (a deployment sizes it by its largest batch)
   at::Tensor workspace = at::zeros({64 << 20}, cuda.dtype(at::kByte));
 
+  // (k_scale and v_scale: None for a bf16 cache)
   auto qkv_front = op("muse::qkv_front")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const std::optional<at::Tensor>&, at::Tensor&, std::optional<c10::string_view>)>();
+                                         const std::optional<at::Tensor>&, at::Tensor&, const std::optional<at::Tensor>&,
+                                         const std::optional<at::Tensor>&, std::optional<c10::string_view>)>();
   auto attn2 = op("muse::attn2")
                    .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                      const std::optional<at::Tensor>&, int64_t, int64_t, double, int64_t,
+                                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                                      std::optional<c10::string_view>)>();
-  at::Tensor y = qkv_front.call(x_d, weight_d, positions_d, slots_d, std::nullopt, cache_d, std::nullopt);
+  at::Tensor y = qkv_front.call(x_d, weight_d, positions_d, slots_d, std::nullopt, cache_d, std::nullopt, std::nullopt,
+                                std::nullopt);
   at::Tensor out = attn2.call(y, cache_d, page_table_d, seq_lens_d, workspace, kQLen, 0, kScale, kMaxSeqLen,
-                              std::nullopt);
+                              std::nullopt, std::nullopt, std::nullopt);
   std::vector<int64_t> stats = op("muse::_shims_stats").typed<std::vector<int64_t>()>().call();
   at::Tensor flag = op("muse::_shims_error_flag").typed<at::Tensor(int64_t)>().call(0);
   std::printf("launched from C++: qkv_front %lld attn2 %lld; device error flag %d\n", (long long)stats[0],

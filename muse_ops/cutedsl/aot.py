@@ -36,6 +36,9 @@ RUNTIME_NAME = "libcute_dsl_runtime.so"
 FORMAT = 2
 # the max_seq_lens of the attn2 deployments a library holds by default (deployment_keys)
 DEPLOYMENT_MAX_SEQ_LENS = (512, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+# the SM counts the C++ ops' table plans attn2 for (the sm_90 parts: H100 / H200 SXM and NVL, H100
+# PCIe, H20); on a device of another count a call is planned by Python (without Python: refused)
+SHIMS_SM_COUNTS = (132, 114, 78)
 
 
 def manifest_path(library: Path) -> Path:
@@ -46,34 +49,31 @@ def shims_table_path(library: Path) -> Path:
     return library.with_suffix(".shims")
 
 
-def shims_table(entries: dict, max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS) -> str:
+def shims_table(entries: dict, max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS, sm_counts=SHIMS_SM_COUNTS) -> str:
     """The table the C++ ops read when a program without Python loads the library
-    (csrc_shims/muse_shims.cpp, `_shims_load_library`): the plan's decisions for every variant
-    held, as the C++ side looks them up (a token tile per M range, and each tile's tokens and
-    heads for wave_tile; an attn2 variant per deployment and layout)."""
-    from . import attn2_plan, qkv_front_plan
-    lines = ["# muse_ops shims table 4: the plan's variants of " + LIBRARY_NAME,
-             "tiles " + " ".join(str(limit) for limit, *_ in qkv_front_plan.TILES),
-             "tile_shapes " + " ".join(f"{t} {h}" for _, t, h, _ in qkv_front_plan.TILES),
-             f"wide {attn2_plan.WIDE_MAX_PAIRS} {attn2_plan.WIDE_MAX_PAIRS_WINDOW}",
-             f"occupancy {attn2_plan.OCCUPANCY_MAX_CAP['wide']} {attn2_plan.OCCUPANCY_MAX_CAP['deep']}"]
-    tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(qkv_front_plan.TILES)}
+    (csrc_shims/muse_shims.cpp, `_shims_load_library`): the rows Python hands them
+    (muse_ops/cutedsl/shims.py: the model's sizes, the KV-head tables, and each attn2 deployment
+    the library holds a variant of, planned for devices of sm_counts SMs), then a row per kernel
+    held, its key and its symbol."""
+    from . import shims
+    rows = [f"# muse_ops shims table: the plan's tables and the variants of {LIBRARY_NAME}",
+            f"shims_table {shims.TABLE_FORMAT}", *shims.model_rows(), *shims.kv_heads_rows()]
     for key, name in entries.items():
         if key.startswith("('qkv_front'"):
             cfg = _qkv_front_configs().get(key)
-            if cfg is not None and (cfg.token_tile, cfg.heads_per_cta, cfg.k_tiles_per_stage) in tiles:
-                tile = tiles[(cfg.token_tile, cfg.heads_per_cta, cfg.k_tiles_per_stage)]
-                lines.append(f"qkv_front {tile} {int(cfg.rope)} {int(cfg.pos_dtype == 'int64')} "
-                             f"{int(cfg.slot_dtype == 'int64')} {name}")
+            kernel = shims.qkv_front_key(cfg) if cfg is not None else None
+            if kernel is not None:
+                rows.append(f"{kernel} {name}")
+    devices = [(n, shims.wave_ctas_of(n)) for n in sm_counts]
     for q_len in (1, 8):
         for window in (0, 2048):
             for msl in max_seq_lens:
-                for cfg in attn2_plan.deployment_variants(2, q_len, window, msl):
-                    name = entries.get(repr(("attn2", cfg.compile_key, "")))
-                    if name is not None:
-                        lines.append(f"attn2 {q_len} {window} {msl} {int(cfg.wide)} {cfg.ctas_per_sm} {cfg.slots} "
-                                     f"{cfg.ctas_per_pair} {cfg.cluster_size} {name}")
-    return "\n".join(lines) + "\n"
+                names = [entries.get(repr(("attn2", cfg.compile_key, "")))
+                         for cfg in shims.attn2_variants(q_len, window, msl)]
+                if any(names):
+                    rows += shims.attn2_rows(q_len, window, msl, devices)
+                    rows += [f"{shims.attn2_key(q_len, window, msl, i)} {name}" for i, name in enumerate(names) if name]
+    return "\n".join(rows) + "\n"
 
 
 def _qkv_front_configs() -> dict:
