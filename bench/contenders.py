@@ -4,8 +4,15 @@ Each contender is built for one case's inputs and returns fn(i) -> output of inp
 timing rotates over sets), or raises Absent(reason) when it cannot run here (not installed, not
 this device): it is then reported as absent, never faked.
 
+Every attn2 and layer case comes with a bf16 or an FP8 (float8_e4m3fn) cache (bench/cases.py);
+an FP8 case's contenders read its cache with its scales (k per tensor, v per KV head), and a peer
+that cannot run an FP8 cache (or this one's window) is absent, saying why.
+
 attn2 (y, paged cache -> out):
   muse:<backend>     muse_ops.attn2, every available backend (cutedsl, reference)
+  muse:default       muse_ops.attn2 with no backend named: the package's own pick (the row's "ran"
+                     says which, from muse_ops.last_backend); bench/run.py reports it absent where
+                     it picks one backend whose own muse:<backend> is in the run (the same call)
   fa4+normgate       FlashAttention-4 (flash_attn.cute.flash_attn_varlen_func) paged (page 16, its
                      own [pages, 16, Hkv, 64] K and V caches holding the same data), causal, GQA,
                      window (W-1, 0); then bench/stock_triton.norm_gate. sm_90: FA4 has no split-KV
@@ -21,7 +28,15 @@ attn2 (y, paged cache -> out):
                      (block 128): no paging cost, labelled an optimistic bound for Flex.
   flashinfer+normgate  FlashInfer 0.7.2 (bench/flashinfer_peer.py: fa2 prefill kernel, causal, for the
                      verify block; its tensor-core decode for q_len 1) over its own HND K/V caches,
-                     then the Triton norm-gate; flashinfer (attn only) is the attention alone.
+                     then the Triton norm-gate; flashinfer (attn only) is the attention alone. FP8:
+                     the same kernels on e4m3 K/V (bf16 q), its k_scale / v_scale arguments; no
+                     window (no such prebuilt kernel).
+  fa3(contig)+normgate  FlashAttention-3's forward (bench/fa3_peer.py, the fa3-fwd wheel: paged KV and
+                     local attention compiled out) over contiguous per-request K/V gathered beforehand,
+                     cache_seqlens, causal; FP8 with q, k, v in e4m3 and its descales as SGLang runs
+                     it (q cast per call); then the Triton norm-gate. Full attention only. An optimistic
+                     layout (no paging), so not counted in best peer / ours, like flex(contig).
+  fa3(contig) (attn only)  the same FA3 call alone (FP8: q cast beforehand)
 qkv_front (x, W -> y, cache insert):
   muse:<backend>     muse_ops.qkv_front, every available backend
   cublas+triton      torch.matmul (cuBLAS) then bench/stock_triton.qk_norm_rope_insert (in place,
@@ -35,12 +50,59 @@ import torch
 
 from muse_ops.config import GROUP, HEAD_DIM, PAGE_SIZE
 
-from . import flashinfer_peer, stock_triton
+from . import fa3_peer, flashinfer_peer, stock_triton
 from .cases import Attn2Inputs, QkvInputs
+
+E4M3 = torch.float8_e4m3fn
+MUSE_DEFAULT = "muse:default"
+FA3_NAMES = ("fa3(contig)+normgate", "fa3(contig) (attn only)")
 
 
 class Absent(Exception):
     """The contender cannot run here; the message says why."""
+
+
+def muse_backend(name: str) -> str | None:
+    """"muse:cutedsl" -> "cutedsl"; "muse:default" -> None (the package picks)."""
+    backend = name.split(":", 1)[1]
+    return None if backend == "default" else backend
+
+
+OPS_OF = {"attn2": ("attn2",), "qkv_front": ("qkv_front",), "layer": ("qkv_front", "attn2")}
+
+
+def default_backends(kind: str, case, device) -> dict[str, str]:
+    """{op: the backend muse_ops runs it on here when none is named} for a case of `kind` (a probe:
+    nothing runs, nothing is logged)."""
+    from muse_ops import backends
+    dev = torch.device(device)
+    a = case.attn if kind == "layer" else case
+    out = {}
+    if kind in ("qkv_front", "layer"):
+        rope = case.config.rope if kind == "layer" else case.rope
+        out["qkv_front"] = backends.resolve("qkv_front", dev, None, record=False, kv_heads=a.kv_heads, rope=rope,
+                                            fp8=a.cache_dtype == "fp8")
+    if kind in ("attn2", "layer"):
+        out["attn2"] = backends.resolve("attn2", dev, None, record=False, kv_heads=a.kv_heads, q_len=a.q_len,
+                                        window=a.window, max_seq_len=a.max_seq_len, fp8=a.fp8)
+    return out
+
+
+def ran_backends(kind: str) -> dict[str, str | None]:
+    """{op: muse_ops.last_backend(op)}: what the last eager call of a muse contender ran."""
+    import muse_ops
+    return {op: muse_ops.last_backend(op) for op in OPS_OF[kind]}
+
+
+def duplicate_of(name: str, kind: str, case, device, names) -> str | None:
+    """Why muse:default need not be timed: the package picks one backend for every op of the case
+    and that backend's own contender is in the run (None: time it)."""
+    if name != MUSE_DEFAULT:
+        return None
+    picks = set(default_backends(kind, case, device).values())
+    if len(picks) == 1 and f"muse:{next(iter(picks))}" in names:
+        return f"the package's default runs every op here on {next(iter(picks))}: muse:{next(iter(picks))} times it"
+    return None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -77,9 +139,9 @@ def fa_layout(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ----------------------------------------------------------------------------- attn2
 def attn2_contenders(device) -> list[str]:
-    names = ["muse:cutedsl", "muse:reference"]
+    names = ["muse:cutedsl", MUSE_DEFAULT, "muse:reference"]
     if torch.device(device).type == "cuda":
-        names += ["flashinfer+normgate", "flashinfer (attn only)", "fa4+normgate", "fa4 (attn only)",
+        names += ["flashinfer+normgate", "flashinfer (attn only)", *FA3_NAMES, "fa4+normgate", "fa4 (attn only)",
                   "flex(paged)", "flex(contig)"]
     return names
 
@@ -88,25 +150,34 @@ def build_attn2_contender(name: str, inp: Attn2Inputs, device):
     c = inp.case
     if name.startswith("muse:"):
         import muse_ops
-        backend = name.split(":", 1)[1]
-        ok, why = muse_backends(device, "attn2", kv_heads=c.kv_heads, q_len=c.q_len, window=c.window,
-                                max_seq_len=c.max_seq_len).get(backend, (False, "unknown backend"))
-        if not ok:
-            raise Absent(why)
+        backend = muse_backend(name)
+        variant = dict(kv_heads=c.kv_heads, q_len=c.q_len, window=c.window, max_seq_len=c.max_seq_len, fp8=c.fp8)
+        if backend is not None:
+            ok, why = muse_backends(device, "attn2", **variant).get(backend, (False, "unknown backend"))
+            if not ok:
+                raise Absent(why)
         ws = muse_ops.attn2_workspace(device, c.batch, c.kv_heads, c.q_len, c.window, c.max_seq_len)
-        if backend == "cutedsl":  # compile outside the timing
-            muse_ops.prepare(muse_ops.DeploymentConfig(kv_heads=c.kv_heads, q_len=c.q_len, window=c.window,
-                                                       max_seq_len=c.max_seq_len, max_batch=c.batch), device)
+        # The kernel is compiled (or loaded from the AOT library) outside the timing by the first,
+        # untimed call bench/run.py makes: the one variant this case launches. (muse_ops.prepare
+        # would also build every variant of the deployment's qkv_front, for both index dtypes: minutes
+        # of compiling for FP8, and variants a DSL-free AOT library need not hold.)
+        ks, vs = inp.k_scale, inp.v_scale
 
         def fn(i):
             return muse_ops.attn2(inp.ys[i], inp.kv_cache, inp.page_tables[i], inp.seq_lens, q_len=c.q_len,
                                   window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, workspace=ws,
-                                  backend=backend)
+                                  k_scale=ks, v_scale=vs, backend=backend)
         return fn
 
     if torch.device(device).type != "cuda":
         raise Absent("needs CUDA")
     hq = GROUP * c.kv_heads
+
+    if name in FA3_NAMES:
+        return _fa3(name, inp)
+    if c.fp8 and (name.startswith("fa4") or name.startswith("flex")):
+        raise Absent("bf16 caches only here (FA4's paged kernel and flex_attention read K/V of q's dtype; "
+                     "no e4m3 cache with scales)")
 
     if name.startswith("fa4"):
         fa, _ = fa4_module()
@@ -145,11 +216,18 @@ def _flashinfer(name: str, inp: Attn2Inputs):
     if name == "flashinfer+normgate" and not stock_triton.HAVE_TRITON:
         raise Absent(f"triton missing for the norm-gate kernel ({stock_triton.TRITON_IMPORT_ERROR})")
     try:
+        scales = {}
+        if c.fp8:
+            ks, vs = flashinfer_peer.fp8_scales(inp.k_scale, inp.v_scale, c.kv_heads)
+            scales = {"k_scale": ks, "v_scale": vs}
+            if c.window:   # say why before copying the caches
+                raise flashinfer_peer.Absent("FlashInfer 0.7.2's prebuilt sm_90a kernels hold an e4m3 KV cache "
+                                             "without a window only (JIT off): no sliding-window FP8 kernel")
         if "fi_k" not in inp.extra:
             inp.extra["fi_k"], inp.extra["fi_v"] = flashinfer_peer.hnd_caches(inp.kv_cache)
         attn = flashinfer_peer.PagedAttention(inp.page_tables, inp.seq_lens, inp.extra["fi_k"], inp.extra["fi_v"],
                                               q_len=c.q_len, q_heads=hq, kv_heads=c.kv_heads, window=c.window,
-                                              scale=c.scale)
+                                              scale=c.scale, **scales)
     except flashinfer_peer.Absent as exc:
         raise Absent(str(exc))
     with_epilogue = name == "flashinfer+normgate"
@@ -158,6 +236,49 @@ def _flashinfer(name: str, inp: Attn2Inputs):
         y = inp.ys[i]
         o = attn.run(y[:, :hq * HEAD_DIM].view(c.batch * c.q_len, hq, HEAD_DIM), i)
         return stock_triton.norm_gate(o, y, c.kv_heads) if with_epilogue else o.reshape(-1, hq * HEAD_DIM)
+    return fn
+
+
+def fa3_caches(inp: Attn2Inputs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """FA3's contiguous per-set K and V caches of a case (built once, kept in inp.extra)."""
+    if "fa3_k" not in inp.extra:
+        ks, vs = [], []
+        for t in inp.page_tables:
+            k, v = fa3_peer.contiguous_caches(inp.kv_cache, t, inp.case.lens)
+            ks.append(k)
+            vs.append(v)
+        inp.extra["fa3_k"], inp.extra["fa3_v"] = ks, vs
+    return inp.extra["fa3_k"], inp.extra["fa3_v"]
+
+
+def _fa3(name: str, inp: Attn2Inputs):
+    c = inp.case
+    hq = GROUP * c.kv_heads
+    with_epilogue = name == "fa3(contig)+normgate"
+    if with_epilogue and not stock_triton.HAVE_TRITON:
+        raise Absent(f"triton missing for the norm-gate kernel ({stock_triton.TRITON_IMPORT_ERROR})")
+    try:
+        fa3_peer.check_case(c.window)
+        fa3_peer.interface()                     # absent before the caches are copied
+        k, v = fa3_caches(inp)
+        attn = fa3_peer.ContigAttention(k, v, inp.seq_lens, q_len=c.q_len, kv_heads=c.kv_heads, window=c.window,
+                                        scale=c.scale, k_scale=inp.k_scale, v_scale=inp.v_scale)
+    except fa3_peer.Absent as exc:
+        raise Absent(str(exc))
+
+    def q_of(y):
+        return y[:, :hq * HEAD_DIM].view(c.batch, c.q_len, hq, HEAD_DIM)
+    q8 = None
+    if c.fp8 and not with_epilogue:     # the attention alone: q's e4m3 cast outside the timing
+        q8 = [q_of(y).to(E4M3) for y in inp.ys]
+
+    def fn(i):
+        y = inp.ys[i]
+        q = q_of(y)
+        if c.fp8:
+            q = q8[i] if q8 is not None else q.to(E4M3)
+        o = attn.run(q, i).reshape(c.batch * c.q_len, hq * HEAD_DIM)
+        return stock_triton.norm_gate(o, y, c.kv_heads) if with_epilogue else o
     return fn
 
 

@@ -1,4 +1,5 @@
-"""python -m muse_ops bench [--device cuda|cpu] [--quick] [--json PATH] [--markdown PATH] [--cases ...]
+"""python -m muse_ops bench [--device cuda|cpu] [--quick | --suite fp8] [--cache-dtype bf16,fp8] [--json PATH]
+                          [--markdown PATH] [--cases ...] [--contenders ...]
 
 The side-by-side table of docs/DESIGN.md section 14: each case timed by CUDA-graph replay over rotating
 input sets (cold L2, see bench/timing.py and bench/cases.py), for every muse_ops backend and the
@@ -15,9 +16,17 @@ merge into one markdown section:
 
     python -m muse_ops bench --render bench.json [more.json] [--append bench/RESULTS.md]   (newest first)
 
---cases picks cases by name fragment (e.g. --cases "B=1 " "W=2048" "M=8"); "attn2" / "qkv_front"
-select a whole op. --quick: a few cases. On CPU (--device cpu) tiny cases run on the reference
-with wall-clock timing, only to exercise this code (CI).
+--cases picks cases by name fragment (e.g. --cases "B=1 " "W=2048" "M=8" "fp8"); "attn2" / "qkv_front"
+/ "layer" select a whole op. --quick: a few cases. On CPU (--device cpu) tiny cases run on the
+reference with wall-clock timing, only to exercise this code (CI).
+
+--cache-dtype (default bf16,fp8): the KV cache dtypes of the attn2 and layer cases, each case once
+per dtype (an FP8 case's name ends in " fp8"; bench/cases.py says what its cache and scales hold;
+its floor counts the KV at 1 byte per element). Where both ran, a table sets each FP8 row beside
+its bf16 row (muse FP8 and its floor, muse bf16, the FP8 / bf16 speed-up, every FP8 peer) and the
+KV capacity table (tokens per layer in 80 and 141 GB) follows. --suite fp8: issue 48's case list
+(bench/cases.py FP8_ATTN2_CASES, bench/layer.py FP8_LAYER_CASES; no qkv_front, no chain);
+tools/bench_fp8_device.sh runs it on the GPU machine.
 """
 from __future__ import annotations
 
@@ -36,15 +45,20 @@ import torch
 from . import cases as C
 from . import chain as CH
 from . import contenders as K
-from . import flashinfer_peer
+from . import fa3_peer, flashinfer_peer
 from . import layer as LY
 from . import timing as T
 
-PEERS_ATTN2 = ("flashinfer+normgate", "fa4+normgate", "flex(paged)")   # flex(contig) is a bound, not a peer path
+PEERS_ATTN2 = ("flashinfer+normgate", "fa4+normgate", "flex(paged)")   # flex(contig), fa3(contig) are bounds
 PEERS_QKV = ("cublas+triton", "compile(ref)")   # "cublas" (the matmul alone) is a bound, not a peer path
 BUILDERS = {"attn2": K.build_attn2_contender, "qkv_front": K.build_qkv_contender, "layer": LY.build_layer_contender}
 TABLES = (("attn2", "attn2_names"), ("qkv_front", "qkv_names"), ("layer", "layer_names"))
-UNCHECKED = ("fa4 (attn only)", "flashinfer (attn only)", "cublas")
+UNCHECKED = ("fa4 (attn only)", "flashinfer (attn only)", "fa3(contig) (attn only)", "cublas")
+OURS = ("muse:cutedsl", K.MUSE_DEFAULT, "muse:reference")   # "ours": the first of these with a time
+# the FP8 table's peer columns (those of them in the run; its best-peer ratio reads the paged peers above)
+FP8_PEERS = {"attn2": ("flashinfer+normgate", "flashinfer (attn only)", "fa3(contig)+normgate",
+                       "fa3(contig) (attn only)"),
+             "layer": ("stock", "stock(fa3)")}
 CHECK_MAX_TOKENS = 1 << 21     # compare against the float64 evaluation up to this many cached tokens
 
 
@@ -83,6 +97,7 @@ def environment(device) -> dict:
         env["cutedsl"] = f"absent ({type(exc).__name__})"
     env["fa4"] = K.fa4_version() or "absent"
     env["flashinfer"] = flashinfer_peer.version() or "absent"
+    env["fa3"] = fa3_peer.version() or "absent"
     from . import stock_triton
     env["triton"] = stock_triton.TRITON_VERSION or "absent"
     return env
@@ -101,7 +116,8 @@ def _err(kind, out, ref):
 
 def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log, deadline=None) -> dict:
     row = {"case": case.name, "bytes": case.bytes(), "sets": inp.sets, "note": inp.note, "results": {},
-           "eager_us": {}, "check": {}}
+           "eager_us": {}, "check": {}, "cache_dtype": getattr(case, "cache_dtype", "bf16"),
+           "base": getattr(case, "base_name", case.name), "ran": {}}
     row["flops"] = case.flops()
     # (bytes, FLOPs) per kernel: one kernel unless the case says otherwise (the layer's two)
     row["kernels"] = case.kernels() if hasattr(case, "kernels") else [(row["bytes"], row["flops"])]
@@ -113,13 +129,21 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
             log(f"  {case.name:28s} {name:18s} skipped: time budget")
             continue
         try:
+            dup = K.duplicate_of(name, kind, case, device, names)
+            if dup:
+                raise K.Absent(dup)
             fn = BUILDERS[kind](name, inp, device)
+            out = None
             if check and ref_fn is not None:
                 if ref is None:
                     ref = ref_fn()
                 out = fn(0)
                 if name not in UNCHECKED:   # bounds that compute part of the op only
                     row["check"][name] = _err(kind, out, ref)
+            if name.startswith("muse:"):   # which backend ran each op (muse_ops.last_backend)
+                if out is None:
+                    fn(0)
+                row["ran"][name] = K.ran_backends(kind)
             if cpu:
                 row["results"][name] = {"us": T.cpu_time_us(fn, inp.sets)}
             else:
@@ -143,7 +167,7 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
 
 def summarize(row, floors, peers) -> None:
     res = row["results"]
-    ours = next((n for n in ("muse:cutedsl", "muse:reference") if "us" in res.get(n, {})), None)
+    ours = next((n for n in OURS if "us" in res.get(n, {})), None)
     row["ours"] = ours
     if floors:
         bw = row["bytes"] / (floors["hbm_tbps"] * 1e12) * 1e6
@@ -176,12 +200,49 @@ def kernel_bound(kernels, floors) -> tuple[float, str]:
     return max(total, floors["node_us"]), "+".join(by)
 
 
+def ran_label(row, name) -> str:
+    """What a muse contender ran, where its name does not say it: muse:default's backends
+    ("reference", "qkv_front cutedsl, attn2 reference"); "" for muse:<backend> running that."""
+    ran = {op: b for op, b in (row.get("ran", {}).get(name) or {}).items() if b}
+    if not ran:
+        return ""
+    named = name.split(":", 1)[1] if name.startswith("muse:") else None
+    if named != "default" and all(b == named for b in ran.values()):
+        return ""
+    if len(set(ran.values())) == 1:
+        return next(iter(ran.values()))
+    return ", ".join(f"{op} {b}" for op, b in ran.items())
+
+
+def ours_cell(row) -> str:
+    """"ours" of a row with what ran where it is not the CuTe DSL kernels ("412.0 (reference)",
+    "88.1 (qkv_front cutedsl, attn2 reference)"); "absent" / "-" where no muse contender has a time."""
+    o = row.get("ours") if row else None
+    if not o:
+        return "absent" if row and row.get("results") else "-"
+    ran = {op: b for op, b in (row.get("ran", {}).get(o) or {}).items() if b}
+    if not ran:
+        ran = {"": o.split(":", 1)[1]}
+    kinds = set(ran.values())
+    if kinds == {"cutedsl"}:
+        label = ""
+    elif len(kinds) == 1:
+        label = next(iter(kinds))
+    else:
+        label = ", ".join(f"{op} {b}" for op, b in ran.items())
+    return f"{row['results'][o]['us']:.1f}" + (f" ({label})" if label else "")
+
+
+def us_cell(row, name) -> str:
+    v = row["results"].get(name, {})
+    if "us" in v:
+        label = ran_label(row, name)
+        return f"{v['us']:.1f}" + (f" ({label})" if label else "")
+    return "absent" if "absent" in v else ("error" if "error" in v else ("skipped" if "skipped" in v else "-"))
+
+
 def format_table(rows, names, title) -> str:
-    def cell(r, n):
-        v = r["results"].get(n, {})
-        if "us" in v:
-            return f"{v['us']:.1f}"
-        return "absent" if "absent" in v else ("error" if "error" in v else ("skipped" if "skipped" in v else "-"))
+    cell = us_cell
     head = ["case"] + names + ["floor us", "ours/floor", "bound us", "ours/bound", "best peer/ours", "eager ours us"]
     lines = [f"{title}", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -194,6 +255,64 @@ def format_table(rows, names, title) -> str:
             f"{r['best_peer_over_ours']:.2f} ({r['best_peer']})" if "best_peer_over_ours" in r else "-",
             f"{eager:.1f}" if eager is not None else "-"]) + " |")
     return "\n".join(lines)
+
+
+def fp8_pairs(rows) -> list[tuple[dict | None, dict]]:
+    """(bf16 row or None, FP8 row) per case of a table that has FP8 rows, in the table's order."""
+    by_base = {}
+    for r in rows:
+        dtype = r.get("cache_dtype") or ("fp8" if r["case"].endswith(" fp8") else "bf16")
+        base = r.get("base") or r["case"].removesuffix(" fp8")
+        by_base.setdefault(base, {})[dtype] = r
+    return [(d.get("bf16"), d["fp8"]) for d in by_base.values() if "fp8" in d]
+
+
+def format_fp8_table(op: str, rows, names, title: str) -> str | None:
+    """Each FP8 row beside its bf16 row: muse FP8 us (and what ran), its floor and ratio (the KV at
+    1 byte per element), muse bf16 us and the speed-up bf16 / FP8, every FP8 peer's us in the run
+    (the layer: the stock paths at bf16 too), the best paged peer / ours. None without FP8 rows."""
+    pairs = fp8_pairs(rows)
+    if not pairs:
+        return None
+    peers = [n for n in FP8_PEERS[op] if n in names]
+
+    def ours_us(r):
+        o = r.get("ours") if r else None
+        return r["results"][o]["us"] if o else None
+
+    def f(v, fmt="{:.1f}"):
+        return fmt.format(v) if v is not None else "-"
+    head = ["case", "muse FP8 us", "FP8 floor us", "FP8 ours/floor", "FP8 bound us", "muse bf16 us",
+            "bf16 / FP8"] + [f"{n} FP8" for n in peers]
+    if op == "layer":
+        head += [f"{n} bf16" for n in peers]
+    head += ["best paged peer / ours (FP8)"]
+    lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b, r8 in pairs:
+        o8, o16 = ours_us(r8), ours_us(b)
+        cells = [r8.get("base") or r8["case"].removesuffix(" fp8"), ours_cell(r8),
+                 f(r8.get("floor_us")), f(r8.get("ours_over_floor"), "{:.2f}"),
+                 f"{r8['bound_us']:.1f} ({r8['bound_by']})" if "bound_us" in r8 else "-",
+                 ours_cell(b) if b else "-", f"{o16 / o8:.2f}" if o16 and o8 else "-"]
+        cells += [us_cell(r8, n) for n in peers]
+        if op == "layer":
+            cells += [us_cell(b, n) if b else "-" for n in peers]
+        cells.append(f"{r8['best_peer_over_ours']:.2f} ({r8['best_peer']})" if "best_peer_over_ours" in r8 else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def fp8_sections(result) -> list[str]:
+    """The FP8 tables of a result (attn2, layer) and the KV capacity table, where it has FP8 rows."""
+    out = []
+    for op, key in (("attn2", "attn2_names"), ("layer", "layer_names")):
+        t = format_fp8_table(op, result.get(op) or [], result.get(key) or [],
+                             f"### {op}: FP8 cache beside bf16 (us)")
+        if t:
+            out.append(t)
+    if out:
+        out.append(C.format_kv_tokens_table(result.get("kv_tokens") or C.kv_tokens_table()))
+    return out
 
 
 def notes(result) -> list[str]:
@@ -233,6 +352,30 @@ def notes(result) -> list[str]:
         "cublas: torch.matmul alone (the projection without its epilogue), a bound that is not counted as a peer. "
         "qkv_front cases run a sliding layer's front (RoPE on); Hkv 2 unless the case names another.",
     ]
+    if any(fp8_pairs(result.get(op) or []) for op in ("attn2", "layer")):
+        ks, vs = C.fp8_scales(4)
+        out += [
+            "FP8 rows (case name ending in fp8): a float8_e4m3fn KV cache holding e4m3(x / scale), x ~ N(0,1); "
+            f"k_scale one value for the tensor ({ks[0]:.5f} = 6/448), v_scale one per KV head "
+            f"({', '.join(f'{v:.5f}' for v in vs)} cycling = 5-8/448): every dequantized value N(0,1)-like and "
+            "no scale 1. Their floor and bound count the KV rows (and the layer's inserted rows) at 1 byte per "
+            "element, plus the scales; bf16 / FP8 is muse's bf16 time over its FP8 time on the same case. "
+            "muse:default is muse with no backend named (what ran: in brackets, from muse_ops.last_backend; "
+            "absent where a muse:<backend> of the run times the same call).",
+            "FlashInfer FP8: the same prebuilt fa2 kernels (verify) and tensor-core decode on e4m3 HND K/V, bf16 q "
+            "and o, its k_scale (one float, folded into sm_scale) and v_scale (a [Hq, 1] tensor: FlashInfer's own "
+            "`out *= v_scale` after the kernel, timed); no window (no e4m3 sliding-window kernel prebuilt for "
+            "sm_90a). The stock FP8 layer inserts with the Triton kernel's quantizing variant (e4m3(k'/k_scale), "
+            "e4m3(v/v_scale), the bytes of torch's conversion).",
+            "fa3(contig): FlashAttention-3's forward (fa3-fwd wheel: paged KV and local attention compiled out) on "
+            "contiguous per-request K/V [B, Lmax, Hkv, 64] with cache_seqlens, causal, num_splits by its heuristic; "
+            "FP8 as SGLang runs it: q, k, v in e4m3 with q_descale (ones), k_descale, v_descale per request and KV "
+            "head, q cast per call in +normgate and beforehand in (attn only). No paging, so a bound for FA3 like "
+            "flex(contig), not counted in best peer / ours; stock(fa3) is the stock layer with it.",
+            f"KV capacity: a GPU's memory as marketed taken in GiB (the H100's 80 GB are 80 GiB), "
+            f"{C.KV_FRACTION:.0%} of it for the KV cache, all of it one layer's, per rank: tokens = bytes / "
+            "(Hkv x 128 x element size); a model of n attention layers holds 1/n of that per layer.",
+        ]
     if result.get("device_type") == "cpu":
         out.insert(0, "CPU run: tiny cases on the reference, wall-clock; exercises the code only.")
     return out
@@ -264,7 +407,7 @@ def render_markdown(result: dict) -> str:
     lines = [f"## {env.get('date')} — {env.get('gpu') or env.get('device')}", "",
              f"GPU {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, "
              f"CuTe DSL {env.get('cutedsl')}, FA4 {env.get('fa4')}, FlashInfer {env.get('flashinfer')}, "
-             f"Triton {env.get('triton')}, "
+             f"FA3 {env.get('fa3', 'absent')}, Triton {env.get('triton')}, "
              f"commit {env.get('commit')}, kernel sources {env.get('kernel_sources')}.", ""]
     if fl:
         rate = f"; bf16 matmul {fl['tensor_tflops']:.0f} TFLOPS" if fl.get("tensor_tflops") else ""
@@ -280,8 +423,8 @@ def render_markdown(result: dict) -> str:
                 lines += ["No output was compared with the float64 evaluation in this run (--no-check).", ""]
             else:
                 lines += ["Every checked contender's output is within docs/DESIGN.md section 9's tolerance of the "
-                          "float64 evaluation (the bounds, fa4 (attn only), flashinfer (attn only) and cublas, compute "
-                          "part of the op and are not checked).", ""]
+                          "float64 evaluation (the bounds, fa4 (attn only), flashinfer (attn only), fa3(contig) (attn "
+                          "only) and cublas, compute part of the op and are not checked).", ""]
             errs = [(r["case"], n, v.get("absent") or v.get("error") or v.get("skipped")) for r in result[op]
                     for n, v in r["results"].items() if "us" not in v]
             seen = set()
@@ -292,6 +435,8 @@ def render_markdown(result: dict) -> str:
             if errs:
                 lines.append("")
             lines += [f"- {r['case']}: {r['note']}" for r in result[op]] + [""]
+    for t in fp8_sections(result):
+        lines += [t, ""]
     if result.get("chain"):
         lines += [CH.format_chain(result["chain"]), "", CH.__doc__.split("\n\n")[1].replace("\n", " "), ""]
     lines += ["Notes:", ""] + [f"- {n}" for n in notes(result)] + [""]
@@ -313,9 +458,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m muse_ops bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--quick", action="store_true", help="a few cases")
+    ap.add_argument("--suite", choices=("fp8",), default=None,
+                    help="a named case list: fp8 = issue 48's attn2 and layer cases (no qkv_front, no chain)")
+    ap.add_argument("--cache-dtype", default="bf16,fp8",
+                    help="KV cache dtypes of the attn2 and layer cases, comma-separated: bf16, fp8 (default both)")
     ap.add_argument("--json", default=None, help="write the results as JSON here")
     ap.add_argument("--markdown", default=None, help="write the dated RESULTS.md section here")
-    ap.add_argument("--cases", nargs="*", default=None, help="case-name fragments, or attn2 / qkv_front")
+    ap.add_argument("--cases", nargs="*", default=None, help="case-name fragments, or attn2 / qkv_front / layer")
     ap.add_argument("--contenders", nargs="*", default=None, help="contender-name fragments")
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="stop starting new contenders after this many seconds and mark the rest skipped "
@@ -335,7 +484,10 @@ def main(argv: list[str] | None = None) -> int:
         merged = parts[0]
         for p in parts[1:]:  # e.g. `--cases attn2` and `--cases qkv_front` run as two commands
             for op, names in TABLES:
-                merged[names] = merged.get(names) if merged.get(op) and merged.get(names) else p.get(names)
+                if merged.get(op) and merged.get(names):   # the first run's columns, then the others' new ones
+                    merged[names] = merged[names] + [n for n in p.get(names) or [] if n not in merged[names]]
+                else:
+                    merged[names] = p.get(names)
                 merged[op] = merge_rows(merged.get(op, []), p.get(op, []), p["env"].get("commit"))
             merged["chain"] = merged.get("chain") or p.get("chain")
         if not merged["env"].get("commit"):  # the GPU machine's copy has no .git: stamp the rendering checkout's
@@ -369,16 +521,25 @@ def main(argv: list[str] | None = None) -> int:
         elif ops_named:
             ops = ops_named
             wanted = frag
+    try:
+        dtypes = C.parse_cache_dtypes(a.cache_dtype)
+    except ValueError as exc:
+        print(f"muse_ops bench: {exc}", file=sys.stderr)
+        return 2
     if cpu:
         attn_specs, qkv_specs, layer_specs = C.QUICK_CPU_ATTN2, C.QUICK_CPU_QKV, C.QUICK_CPU_ATTN2[:1]
+        ops.discard("chain")
+    elif a.suite == "fp8":
+        attn_specs, qkv_specs, layer_specs = C.FP8_ATTN2_CASES, [], LY.FP8_LAYER_CASES
         ops.discard("chain")
     elif a.quick:
         attn_specs, qkv_specs, layer_specs = C.QUICK_GPU_ATTN2, C.QUICK_GPU_QKV, LY.QUICK_GPU_LAYER
     else:
         attn_specs, qkv_specs, layer_specs = C.ATTN2_CASES, C.QKV_CASES, LY.LAYER_CASES
-    attn_cases = [C.attn2_case(s) for s in attn_specs] if "attn2" in ops else []
+    # each attn2 / layer case once per cache dtype, side by side
+    attn_cases = [C.attn2_case(s, d) for s in attn_specs for d in dtypes] if "attn2" in ops else []
     qkv_cases = [C.qkv_case(m) for m in qkv_specs] if "qkv_front" in ops else []
-    layer_cases = [LY.layer_case(s) for s in layer_specs] if "layer" in ops else []
+    layer_cases = [LY.layer_case(s, d) for s in layer_specs for d in dtypes] if "layer" in ops else []
     if wanted:
         attn_cases = [c for c in attn_cases if any(w in c.name for w in wanted)]
         qkv_cases = [c for c in qkv_cases if any(w in c.name for w in wanted)]
@@ -386,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
 
     env = environment(device)
     log(f"muse_ops bench on {env.get('gpu') or device}: torch {env['torch']}, CuTe DSL {env['cutedsl']}, "
-        f"FA4 {env['fa4']}, Triton {env['triton']}")
+        f"FA4 {env['fa4']}, FlashInfer {env['flashinfer']}, FA3 {env['fa3']}, Triton {env['triton']}; "
+        f"cache dtypes {', '.join(dtypes)}")
     floors = None
     l2 = T.l2_bytes(device) if not cpu else 1
     if not cpu:
@@ -405,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         layer_names = [n for n in layer_names if any(w in n for w in a.contenders)]
     result = {"env": env, "floors": floors, "device_type": device.type, "attn2_names": attn_names,
               "qkv_names": qkv_names, "layer_names": layer_names, "attn2": [], "qkv_front": [], "layer": [],
-              "chain": []}
+              "chain": [], "cache_dtypes": dtypes, "kv_tokens": C.kv_tokens_table()}
 
     from muse_ops.testing import attn2_f64, qkv_front_f64
     import time
@@ -427,7 +589,9 @@ def main(argv: list[str] | None = None) -> int:
             return False
         result[op].append({"case": case.name, "bytes": case.bytes(), "sets": 0, "note": "not run (time budget)",
                            "results": {n: {"skipped": "time budget (--budget-s) spent: rerun with --cases"}
-                                       for n in names}, "eager_us": {}, "check": {}})
+                                       for n in names}, "eager_us": {}, "check": {}, "ran": {},
+                           "cache_dtype": getattr(case, "cache_dtype", "bf16"),
+                           "base": getattr(case, "base_name", case.name)})
         log(f"  {case.name:28s} skipped: time budget")
         return True
 
@@ -438,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         if sum(case.lens) > CHECK_MAX_TOKENS:
             return None
         return lambda: attn2_f64(inp.ys[0], inp.kv_cache, inp.page_tables[0], inp.seq_lens,
-                                 q_len=case.q_len, window=case.window, scale=case.scale)
+                                 q_len=case.q_len, window=case.window, scale=case.scale, k_scale=inp.k_scale,
+                                 v_scale=inp.v_scale)
 
     def layer_ref(case, inp):
         if sum(case.attn.lens) > CHECK_MAX_TOKENS:
@@ -475,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
         if result[op]:
             print(format_table(result[op], result[key], f"{op} (us)"))
             print()
+    for t in fp8_sections(result):
+        print(t)
+        print()
     if result["chain"]:
         print(CH.format_chain(result["chain"]))
         print()

@@ -36,7 +36,7 @@ sanitize)
     echo "== attn2 $t rc=$?"; grep -Ev "$F" $OUT/san_attn2_$t.log | tail -3
   done ;;
 bench)
-  timeout ${BENCH_TIMEOUT:-560} python3 -m muse_ops bench --json $OUT/bench.json --markdown $OUT/bench.md \
+  timeout ${BENCH_TIMEOUT:-560} python3 -m muse_ops bench --cache-dtype ${CACHE_DTYPE:-bf16} --json $OUT/bench.json --markdown $OUT/bench.md \
     --budget-s ${BENCH_BUDGET:-480} > $OUT/bench.log 2>&1
   echo "bench rc=$?"; grep -E "CHECK FAILED|ERROR|skipped|done" $OUT/bench.log | tail -20 ;;
 *) echo "PART must be tests, sanitize or bench" >&2; exit 2 ;;
