@@ -156,7 +156,8 @@ def _run_attn2(name, y, kv_cache, page_table, seq_lens, workspace, q_len, window
         return out
     from .cutedsl import launch as kernel
     kernel.launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag(y.device),
-                        q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len)
+                        q_len=q_len, window=window, scale=scale, max_seq_len=max_seq_len, k_scale=k_scale,
+                        v_scale=v_scale)
     return out
 
 

@@ -1,20 +1,25 @@
 """GPU tests of the CuTe DSL attn2 kernel (muse_ops/cutedsl/attn2.py) against a float64
 evaluation of docs/DESIGN.md section 5: accuracy, determinism, batch invariance, graph replay,
-error flags, self-resetting workspace counters. Skips cleanly without CUDA / cutlass."""
+error flags, self-resetting workspace counters, for a bf16 and an FP8 (e4m3) cache. Skips cleanly
+without CUDA / cutlass. One CPU test (no gpu marker, no cutlass) proves the kernel's e4m3 -> bf16
+bit recipe over every byte value by interpreting its PTX text."""
 from __future__ import annotations
+
+import ast
+import pathlib
 
 import pytest
 import torch
 
+import muse_ops.cutedsl
 from muse_ops.cutedsl import attn2_plan, dev, launch, qkv_front_plan
 
 from muse_ops.config import GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, proj_cols
 from muse_ops.paged import block_positions, block_slots
 from muse_ops.reference import rope_cos_sin
-from muse_ops.testing import attn2_f64, tolerance_report
+from muse_ops.testing import attn2_f64, fp8_rows, tolerance_report
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+gpu = pytest.mark.gpu     # conftest skips these without CUDA
 
 SCALE = 5.473 / 8.0
 
@@ -65,9 +70,10 @@ def make_case(lens, hkv, q_len, *, seed=0, extra_pages=64, window=0, device="cud
 
 
 def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE,
-               layout=None, ctas_per_sm=None):
+               layout=None, ctas_per_sm=None, k_scale=None, v_scale=None):
     """One launch into a NaN-poisoned out; layout ("wide" or "deep") and ctas_per_sm (0, 1, 2)
-    force the layout and the occupancy cap (None: the host's pick)."""
+    force the layout and the occupancy cap (None: the host's pick); an FP8 cache takes k_scale /
+    v_scale (None: 1.0)."""
     R, hkv = seq.shape[0], cache.shape[1]
     out = torch.full((q_len * R, GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=y.device)
     if ws is None:
@@ -77,7 +83,7 @@ def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err
     over = {k: v for k, v in (("layout", layout), ("ctas_per_sm", ctas_per_sm)) if v is not None} or None
     copy = None if A.__name__ == "muse_ops.cutedsl.attn2" else A   # a dev tool's copy of the kernel
     dev.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale,
-                     max_seq_len=max_seq_len, override=over, kernel=copy)
+                     max_seq_len=max_seq_len, override=over, kernel=copy, k_scale=k_scale, v_scale=v_scale)
     return out, ws, err
 
 
@@ -108,6 +114,7 @@ CASES = [
 ]
 
 
+@gpu
 @pytest.mark.parametrize("q_len,window,hkv,lens", CASES)
 def test_matches_float64(q_len, window, hkv, lens):
     A = _kernel()
@@ -122,6 +129,7 @@ def test_matches_float64(q_len, window, hkv, lens):
     assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
 
 
+@gpu
 @pytest.mark.parametrize("q_len,window", [(8, 0), (8, 2048), (1, 0)])
 def test_deterministic_and_batch_invariant(q_len, window):
     """Without a window a request runs the wide layout alone and the deep one in the batch."""
@@ -141,6 +149,7 @@ def test_deterministic_and_batch_invariant(q_len, window):
     assert int(err.item()) == 0
 
 
+@gpu
 @pytest.mark.parametrize("q_len,window,hkv,lens", [CASES[0], CASES[3], CASES[6], CASES[7]])
 def test_layouts_bit_identical(q_len, window, hkv, lens):
     """The wide layout (a CTA per chunk, small batches) and the deep one (a CTA per sub) compute
@@ -159,6 +168,7 @@ def test_layouts_bit_identical(q_len, window, hkv, lens):
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
+@gpu
 @pytest.mark.parametrize("window", [0, 2048])
 def test_layouts_bit_identical_over_many_rows(window):
     """The same, over half a million outputs (64 requests of q_len 8 at Hkv 2): a difference in
@@ -178,6 +188,7 @@ def test_layouts_bit_identical_over_many_rows(window):
     assert differ == 0, f"{differ} of {outs[0].numel()} outputs differ between the layouts"
 
 
+@gpu
 @pytest.mark.parametrize("q_len,window,lens", [(8, 0, [8192]), (8, 0, [5000, 9000]), (8, 2048, [3000, 77]),
                                                 (1, 0, [700, 12000, 1, 4000] * 4), (1, 2048, [2049, 9000])])
 def test_occupancy_caps_bit_identical(q_len, window, lens):
@@ -197,6 +208,7 @@ def test_occupancy_caps_bit_identical(q_len, window, lens):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+@gpu
 def test_workspace_shared_across_batch_sizes():
     """One workspace for every batch size of a deployment: calls of 12, 3 and 12 requests (deep,
     wide, deep layouts) each find their arrival counters at zero and leave them so."""
@@ -215,6 +227,7 @@ def test_workspace_shared_across_batch_sizes():
     assert int(err.item()) == 0
 
 
+@gpu
 def test_graph_replay():
     A = _kernel()
     q_len, window, msl, hkv = 8, 0, 1 << 15, 2
@@ -247,6 +260,7 @@ def test_graph_replay():
     assert counters_zero(A, ws, R, hkv, q_len, window, msl)
 
 
+@gpu
 @pytest.mark.parametrize("requests", [1, 5, 16])
 def test_pdl_chain_shares_workspace(requests):
     """Back-to-back launches sharing one workspace and error flag, eager and in one CUDA graph,
@@ -291,6 +305,7 @@ def test_pdl_chain_shares_workspace(requests):
     assert counters_zero(A, ws, requests, hkv, q_len, window, msl)
 
 
+@gpu
 @pytest.mark.parametrize("early_ring", [False, True])
 @pytest.mark.parametrize("layout,q_len,window", [("wide", 8, 0), ("deep", 8, 0), ("wide", 8, 2048),
                                                   ("deep", 1, 0)])
@@ -344,6 +359,7 @@ def test_chain_reads_new_rows_after_the_insert(layout, q_len, window, early_ring
         assert nbad == 0 and mean <= 2e-3, (nbad, mx, mean)
 
 
+@gpu
 @pytest.mark.parametrize("layout", ["wide", "deep"])
 def test_error_flags_and_no_out_of_bounds(layout):
     """Bad lengths give zero rows and bit 1, a bad page is skipped with bit 2, in either layout (the
@@ -353,6 +369,332 @@ def test_error_flags_and_no_out_of_bounds(layout):
     lens = [100, 3000, 500, 200]
     y, cache, pt, seq = make_case(lens, hkv, q_len, seed=3)
     seq[1] = 5000           # > max_seq_len -> zeros + bit 1
+    seq[2] = 3              # < q_len       -> zeros + bit 1
+    pt[3, 5] = cache.shape[0] + 7   # bad page -> skipped + bit 2
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, layout=layout)
+    assert int(err.item()) == 3
+    assert torch.all(out[q_len:3 * q_len] == 0)
+    assert not torch.isnan(out[3 * q_len:]).any()
+    ref = attn2_f64(y[:q_len], cache, pt[:1], seq[:1], q_len=q_len, window=window, scale=SCALE)
+    assert check_close(out[:q_len], ref)[0] == 0
+    assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+
+
+# ----------------------------------------------------------------------------- FP8 (e4m3) cache
+# docs/DESIGN.md section 3b: key = float(e4m3) * k_scale, value = float(e4m3) * v_scale; the kernel
+# converts the e4m3 pages to bf16 in shared memory (exact) and runs the bf16 wgmmas, the scales in
+# fp32 (k_scale with the softmax scale, v_scale with 1 / l).
+FP8_NAN = 0x7F        # the e4m3 NaN byte the FP8 tests poison with
+
+
+def fp8_scales(kind: str, hkv: int, device="cuda"):
+    """(k_scale, v_scale): "tensor" one element each, "head" [Hkv] each, "none" (None, None). Chosen
+    so that N(0, 1) rows use most of e4m3's range (|x| / scale up to ~400 of its 448 at Hkv <= 4)
+    and so that no scale is a power of two (the fp32 products round)."""
+    if kind == "none":
+        return None, None
+    if kind == "tensor":
+        k, v = torch.tensor([0.0173]), torch.tensor([0.0151])
+    else:
+        k = 0.0131 + 0.0017 * torch.arange(hkv, dtype=torch.float32)
+        v = 0.0197 - 0.0009 * torch.arange(hkv, dtype=torch.float32)
+    return k.to(device), v.to(device)
+
+
+def to_fp8(cache, k_scale, v_scale):
+    """The e4m3 cache holding cache's rows (fp8_rows: e4m3(k / k_scale) | e4m3(v / v_scale)), with
+    the byte FP8_NAN wherever cache is NaN (make_case's poison: unused pages, tail rows)."""
+    rows = cache.permute(0, 2, 1, 3)                          # [pages, 16, Hkv, 128]
+    out = fp8_rows(rows, k_scale, v_scale).permute(0, 2, 1, 3).contiguous()
+    out.view(torch.uint8)[torch.isnan(cache)] = FP8_NAN
+    return out
+
+
+def make_case_fp8(lens, hkv, q_len, *, scales="head", **kw):
+    """make_case over an FP8 cache: (y, cache, page_table, seq_lens, k_scale, v_scale)."""
+    y, cache, pt, seq = make_case(lens, hkv, q_len, **kw)
+    k_scale, v_scale = fp8_scales(scales, hkv, y.device)
+    return y, to_fp8(cache, k_scale, v_scale), pt, seq, k_scale, v_scale
+
+
+# ---- the bit recipe, on the CPU: muse_ops/cutedsl/ptx.py's PTX text interpreted over every byte
+def _ptx_constants() -> dict:
+    """The module-level string constants of muse_ops/cutedsl/ptx.py, read without importing it
+    (it needs cutlass)."""
+    path = pathlib.Path(muse_ops.cutedsl.__file__).with_name("ptx.py")
+    tree = ast.parse(path.read_text())
+    return {node.targets[0].id: node.value.value for node in tree.body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+
+
+def _bf16_mul(a: int, b: int) -> int:
+    """mul.rn.bf16 of two bf16 bit patterns (IEEE, subnormals kept: HMUL2.BF16_V2 has no .FTZ; a
+    NaN operand gives a NaN): the exact product in float64, rounded to bf16 by torch (nearest even)."""
+    x = torch.tensor([a, b], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double()
+    p = (x[0] * x[1]).to(torch.bfloat16)
+    return int(p.view(torch.int16).item()) & 0xFFFF
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """prmt.b32 (default mode): byte i of d is byte (nibble i of sel) & 7 of {b, a}, or that
+    byte's sign replicated where the nibble's bit 3 is set."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    d = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = src[nib & 7]
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        d |= byte << (8 * i)
+    return d
+
+
+def run_ptx(text: str, reads: list[int]) -> list[int]:
+    """Interpret one of ptx.py's inline-PTX blocks ({ .reg ..; op ..; .. }) on 32-bit integers:
+    {$rN} are reads[N], the {$wN} written are returned in order. Knows exactly the instructions
+    the e4m3 -> bf16 helper uses."""
+    body = text.strip()
+    assert body[0] == "{" and body[-1] == "}", text
+    regs: dict[str, int] = {}
+    writes: dict[int, int] = {}
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        if tok.startswith("{$r"):
+            return reads[int(tok[3:-1])]
+        if tok in regs:
+            return regs[tok]
+        return int(tok, 0) & 0xFFFFFFFF
+
+    def put(tok: str, v: int):
+        tok = tok.strip()
+        if tok.startswith("{$w"):
+            writes[int(tok[3:-1])] = v & 0xFFFFFFFF
+        else:
+            regs[tok] = v & 0xFFFFFFFF
+
+    for stmt in body[1:-1].split(";"):
+        stmt = stmt.strip()
+        if not stmt or stmt.startswith(".reg"):
+            continue
+        op, rest = stmt.split(None, 1)
+        args = [t.strip() for t in rest.split(",")]
+        v = [val(t) for t in args[1:]]
+        if op == "mov.b32":
+            put(args[0], v[0])
+        elif op == "prmt.b32":
+            put(args[0], _prmt(v[0], v[1], v[2]))
+        elif op == "shl.b32":
+            put(args[0], v[0] << v[1])
+        elif op == "and.b32":
+            put(args[0], v[0] & v[1])
+        elif op == "or.b32":
+            put(args[0], v[0] | v[1])
+        elif op == "add.u32":
+            put(args[0], v[0] + v[1])
+        elif op == "mul.rn.bf16x2":
+            put(args[0], _bf16_mul(v[0] & 0xFFFF, v[1] & 0xFFFF) | _bf16_mul(v[0] >> 16, v[1] >> 16) << 16)
+        else:
+            raise AssertionError(f"run_ptx does not know {op!r}")
+    return [writes[i] for i in range(len(writes))]
+
+
+def test_fp8_e4m3_to_bf16_bit_recipe():
+    """CPU, no cutlass: the kernel's e4m3 -> bf16 conversion (ptx.E4M3X4_TO_BF16X4_PTX, as
+    KVRing.convert runs it on every 4 bytes) gives torch's bf16 of every e4m3 byte in every byte
+    position of a word: the same bits (signed zeros, subnormals, +-448 included), and a NaN for the
+    NaN bytes 0x7F / 0xFF."""
+    convert = _ptx_constants()["E4M3X4_TO_BF16X4_PTX"]
+    want = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.bfloat16)
+    want_bits = [int(b) & 0xFFFF for b in want.view(torch.int16).tolist()]
+    is_nan = [bool(n) for n in torch.isnan(want.float()).tolist()]
+    assert sum(is_nan) == 2 and is_nan[0x7F] and is_nan[0xFF]
+    seen = set()
+    for v in range(256):
+        bytes4 = [(v + 61 * i) % 256 for i in range(4)]       # every value once in every position
+        w = sum(b << (8 * i) for i, b in enumerate(bytes4))
+        lo, hi = run_ptx(convert, [w])
+        halves = [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
+        for i, (b, h) in enumerate(zip(bytes4, halves)):
+            if is_nan[b]:
+                assert (h >> 7) & 0xFF == 0xFF and h & 0x7F, (hex(b), hex(h))      # a bf16 NaN
+            else:
+                assert h == want_bits[b], (hex(b), i, hex(h), hex(want_bits[b]))
+            seen.add((b, i))
+    assert len(seen) == 256 * 4
+
+
+@gpu
+@pytest.mark.parametrize("q_len,window,hkv,lens,scales", [
+    (8, 0, 2, [8, 9, 15, 16, 17, 100, 2047, 2048, 2049, 8192, 32000], "head"),
+    (8, 2048, 2, [8, 100, 2055, 2056, 2057, 5000, 32768], "tensor"),
+    (1, 0, 4, [1, 2, 16, 17, 777, 4096, 30000], "tensor"),
+    (1, 2048, 2, [1, 2047, 2048, 2049, 9000], "head"),
+    (8, 0, 16, [8, 3000], "none"),
+])
+def test_fp8_matches_float64(q_len, window, hkv, lens, scales):
+    """An e4m3 cache (NaN byte 0x7F in unused pages and tail rows), per-tensor, per-head or no
+    scales, against float64 over the dequantized cache, at the contract's tolerance."""
+    A = _kernel()
+    msl = 1 << 15
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=hash((q_len, window, hkv)) % 1000 + 7,
+                                              window=window, scales=scales)
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, k_scale=ks,
+                              v_scale=vs)
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
+    nbad, mx, mean = check_close(out, ref)
+    assert nbad == 0, f"{nbad} elements out of tolerance, max err {mx}"
+    assert mean <= 2e-3, f"mean |err| {mean}"
+    assert int(err.item()) == 0
+    assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+
+
+@gpu
+@pytest.mark.parametrize("q_len,window", [(8, 0), (1, 2048)])
+def test_fp8_layouts_and_caps_bit_identical(q_len, window):
+    """Both layouts under every occupancy cap give the same bits over an e4m3 cache (16 requests
+    at Hkv 2: 131072 outputs at q_len 8), within tolerance of float64, counters back at zero."""
+    A = _kernel()
+    msl, hkv = 1 << 15, 2
+    g = torch.Generator().manual_seed(71 + q_len)
+    lens = [int(x) for x in torch.randint(q_len, 12000, (16,), generator=g)]
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=29, window=window, scales="head")
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
+    outs = []
+    for layout in A.deployment_layouts(window):
+        for cap in attn2_plan.occupancy_caps(layout):
+            out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl,
+                                      layout=layout, ctas_per_sm=cap, k_scale=ks, v_scale=vs)
+            nbad, mx, mean = check_close(out, ref)
+            assert nbad == 0 and mean <= 2e-3, (layout, cap, nbad, mx, mean)
+            assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+            outs.append(((layout, cap), out.view(torch.int16)))
+    for key, out in outs[1:]:
+        differ = int((out != outs[0][1]).sum())
+        assert differ == 0, f"{key}: {differ} outputs differ from {outs[0][0]}"
+
+
+@gpu
+@pytest.mark.parametrize("q_len,window", [(8, 0), (1, 2048)])
+def test_fp8_deterministic_and_batch_invariant(q_len, window):
+    """Run to run, and a request alone (wide) against the same request in a batch of 48 (deep):
+    the same bits."""
+    A = _kernel()
+    msl = 1 << 15
+    g = torch.Generator().manual_seed(5)
+    lens = [int(x) for x in torch.randint(q_len, 30000, (48,), generator=g)]
+    lens[17] = 12345
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens, 2, q_len, seed=8, window=window, scales="head")
+    kw = dict(q_len=q_len, window=window, max_seq_len=msl, k_scale=ks, v_scale=vs)
+    out1, ws, err = run_kernel(A, y, cache, pt, seq, **kw)
+    out2, _, _ = run_kernel(A, y, cache, pt, seq, ws=ws, err=err, **kw)
+    assert torch.equal(out1.view(torch.int16), out2.view(torch.int16))
+    r = 17
+    alone, _, _ = run_kernel(A, y[r * q_len:(r + 1) * q_len].contiguous(), cache, pt[r:r + 1].contiguous(),
+                             seq[r:r + 1].contiguous(), **kw)
+    assert torch.equal(alone.view(torch.int16), out1[r * q_len:(r + 1) * q_len].view(torch.int16))
+    assert int(err.item()) == 0
+    assert check_close(out1, attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks,
+                                       v_scale=vs))[0] == 0
+
+
+@gpu
+def test_fp8_every_e4m3_value_through_v():
+    """Every e4m3 byte as the only non-zero value of a request's only key (q_len 1, L 1: softmax
+    weight exactly 1, so o = [value, 0, .., 0] before the norm): the output follows the dequantized
+    value, subnormals (2^-9 ..) and +-448 included (a flushed or wrong conversion moves out[:, 0]
+    far beyond the tolerance: the norm scales the lone value up to about 8), and the NaN bytes 0x7F
+    / 0xFF give NaN rows."""
+    A = _kernel()
+    q_len, window, msl, hkv = 1, 0, 1 << 15, 1
+    R = 256
+    y = torch.randn(R, 1152 * hkv, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).cuda()
+    y[:, (GROUP + 2) * HEAD_DIM:] = 0.0                       # gate 0: sigmoid 1/2
+    cache = torch.zeros(R + 8, hkv, PAGE_SIZE, 2 * HEAD_DIM, dtype=torch.float8_e4m3fn, device="cuda")
+    cache.view(torch.uint8)[:R, 0, 0, HEAD_DIM] = torch.arange(R, dtype=torch.int32).to(torch.uint8).cuda()
+    pt = torch.full((R, 2), -1, dtype=torch.int32, device="cuda")
+    pt[:, 0] = torch.arange(R, dtype=torch.int32, device="cuda")
+    seq = torch.ones(R, dtype=torch.int32, device="cuda")
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+    value = torch.arange(R, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().cuda()
+    nan = torch.isnan(value)
+    assert torch.isnan(out[nan]).all() and not torch.isnan(out[~nan]).any()
+    assert check_close(out[~nan], ref[~nan])[0] == 0
+    assert torch.equal(out[~nan, 0] != 0, value[~nan] != 0)
+    assert int(err.item()) == 0 and counters_zero(A, ws, R, hkv, q_len, window, msl)
+
+
+@gpu
+def test_fp8_nan_in_a_visible_row_propagates():
+    """A NaN byte in a key (or value) every query row of a request sees makes that KV head's
+    outputs of the request NaN, as in float64 (the conversion keeps NaN bytes NaN); the other
+    requests stay within tolerance."""
+    A = _kernel()
+    q_len, window, msl, hkv = 8, 0, 1 << 15, 2
+    lens = [300, 5000, 77, 2100]
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=13, scales="tensor")
+    for r, t, col in ((1, 1234, 5), (3, 40, 64 + 17)):       # a K byte of request 1, a V byte of request 3
+        cache.view(torch.uint8)[int(pt[r, t // PAGE_SIZE]), 1, t % PAGE_SIZE, col] = 0xFF if col < 64 else FP8_NAN
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, k_scale=ks,
+                              v_scale=vs)
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
+    nan_ref = torch.isnan(ref)
+    assert int(nan_ref.sum()) == 2 * q_len * GROUP * HEAD_DIM          # KV head 1 of requests 1 and 3
+    assert torch.equal(torch.isnan(out.to(ref.device)), nan_ref)
+    fine = ~nan_ref.view(len(lens), q_len, -1).any(-1).any(-1)
+    rows = fine.repeat_interleave(q_len)
+    assert check_close(out[rows], ref[rows])[0] == 0
+    assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+
+
+@gpu
+def test_fp8_graph_replay():
+    """A CUDA graph over an FP8 cache and per-head scale tensors, replayed with new lengths, page
+    tables, cache bytes and scale values written in place."""
+    A = _kernel()
+    q_len, window, msl, hkv = 8, 0, 1 << 15, 2
+    P, WID = 5000, 2100
+    lens_a = [100, 5000, 20000, 8]
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens_a, hkv, q_len, seed=11, total_pages=P, width=WID)
+    R = len(lens_a)
+    out = torch.empty(q_len * R, GROUP * hkv * HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, msl), dtype=torch.uint8, device="cuda")
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kw = dict(q_len=q_len, window=window, scale=SCALE, max_seq_len=msl, k_scale=ks, v_scale=vs)
+    launch.launch_attn2(y, cache, pt, seq, out, ws, err, **kw)       # warm (compiles)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.launch_attn2(y, cache, pt, seq, out, ws, err, **kw)
+    for it, lens in enumerate([[9000, 16, 300, 30000], [8, 8, 8, 8], [32768, 9, 20, 31]]):
+        y2, cache2, pt2, seq2, _, _ = make_case_fp8(lens, hkv, q_len, seed=20 + it, total_pages=P, width=WID)
+        y.copy_(y2)
+        cache.copy_(cache2)
+        pt.copy_(pt2)
+        seq.copy_(seq2)
+        ks.mul_(1.2)                     # new scale values in place: the graph reads the tensors
+        vs.mul_(0.85)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
+        nbad, mx, mean = check_close(out, ref)
+        assert nbad == 0 and mean <= 2e-3, (it, nbad, mx, mean)
+    assert int(err.item()) == 0
+    assert counters_zero(A, ws, R, hkv, q_len, window, msl)
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["wide", "deep"])
+def test_fp8_error_flags_and_no_out_of_bounds(layout):
+    """As test_error_flags_and_no_out_of_bounds over an e4m3 cache (scales None: 1.0)."""
+    A = _kernel()
+    q_len, window, msl, hkv = 8, 0, 1 << 15, 2
+    lens = [100, 3000, 500, 200]
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=3, scales="none")
+    seq[1] = 40000          # > max_seq_len -> zeros + bit 1
     seq[2] = 3              # < q_len       -> zeros + bit 1
     pt[3, 5] = cache.shape[0] + 7   # bad page -> skipped + bit 2
     out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, layout=layout)

@@ -155,9 +155,10 @@ def reset() -> None:
 # ------------------------------------------------------------------------------------ build
 def deployment_keys(max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS):
     """(key, config, family) of what a library holds by default: every qkv_front variant CI
-    compiles (every tile, RoPE on / off, both index dtypes) and the attn2 variants of Hkv-any
-    deployments with q_len 1 and 8, windows 0 and 2048, over these max_seq_lens (a variant covers
-    a range of them: duplicates are dropped)."""
+    compiles (every tile, RoPE on / off, both index dtypes; the FP8 cache's with int64 indices)
+    and the attn2 variants of Hkv-any deployments with q_len 1 and 8, windows 0 and 2048, bf16
+    and FP8 caches, over these max_seq_lens (a variant covers a range of them: duplicates are
+    dropped)."""
     from . import attn2_plan, qkv_front_plan
     out, seen = [], set()
     for cfg in qkv_front_plan.ci_variants():
@@ -165,7 +166,8 @@ def deployment_keys(max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS):
     for q_len in (1, 8):
         for window in (0, 2048):
             for msl in max_seq_lens:
-                for cfg in attn2_plan.deployment_variants(2, q_len, window, msl):
+                for cfg in (attn2_plan.deployment_variants(2, q_len, window, msl)
+                            + attn2_plan.deployment_variants(2, q_len, window, msl, fp8=True)):
                     key = ("attn2", cfg.compile_key, "")
                     if key not in seen:
                         seen.add(key)

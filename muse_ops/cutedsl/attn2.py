@@ -9,7 +9,10 @@ query token t at position pos = L - q_len + t, and query head g * 8 + j:
 Tensors (row-major, contiguous, 16-byte aligned; R requests, Hkv KV heads, Hq = 8 Hkv):
     y          bf16  [q_len * R, 1152 * Hkv]   row r * q_len + t: q at columns 0 : 64 Hq,
                                                the gate at 64 (Hq + 2 Hkv) : 1152 Hkv
-    kv_cache   bf16  [num_pages, Hkv, 16, 128] a page of 16 rows: K in columns 0:64, V in 64:128
+    kv_cache   bf16 | float8_e4m3fn [num_pages, Hkv, 16, 128]  a page of 16 rows: K in columns 0:64,
+                                               V in 64:128
+    k_scale,   fp32  [1] or [Hkv]              an FP8 cache's dequantization scales (docs/DESIGN.md
+    v_scale                                    section 3b): key = e4m3 * k_scale, value = e4m3 * v_scale
     page_table int32 [R, max_pages]            logical page -> physical page
     seq_lens   int32 [R]                       L (includes the q_len new tokens)
     out        bf16  [q_len * R, Hq * 64]      row r * q_len + t, columns 64 h : 64 (h + 1) of head h
@@ -21,10 +24,11 @@ Tensors (row-major, contiguous, 16-byte aligned; R requests, Hkv KV heads, Hq = 
                                                max_pages or outside [0, num_pages) (read as zeros,
                                                its keys masked)
 
-Constraints: bf16 only; head_dim 64, 8 query heads per KV head, 16-row pages (muse_ops.config);
-q_len 1 (decode) or 8 (verify): the q_len * 8 query rows of a KV head fit one wgmma M of 64;
-max_seq_len up to 2^21 (attn2_plan.can_implement); sm_90a (wgmma, TMA, clusters, PDL); one
-warpgroup (128 threads) per CTA.
+Constraints: a bf16 or an e4m3 cache (Attn2Config.fp8; q and every MMA stay bf16 with fp32
+accumulation: e4m3 pages are converted exactly to bf16 in shared memory before the wgmmas, KVRing);
+head_dim 64, 8 query heads per KV head, 16-row pages (muse_ops.config); q_len 1 (decode) or 8
+(verify): the q_len * 8 query rows of a KV head fit one wgmma M of 64; max_seq_len up to 2^21
+(attn2_plan.can_implement); sm_90a (wgmma, TMA, clusters, PDL); one warpgroup (128 threads) per CTA.
 
 Design (docs/DESIGN.md section 11 has the whole; bench/RESULTS.md the measurements behind it):
 split KV over one reduction tree per request that depends on L and the deployment only
@@ -50,7 +54,7 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32, Int64, Uint32, const_expr
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64, Uint32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cuda.bindings import driver as cuda
@@ -64,8 +68,9 @@ from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
                          workspace_bytes, workspace_layout)
-from .ptx import (add_rn, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, mul_rn, pack_bf16x2, quad_max, quad_sum, select,
-                  set_error_bit, sub_rn, wgmma_commit, wgmma_group)
+from .ptx import (add_rn, e4m3x4_to_bf16x4, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, ld_shared_v2_b32, mul_rn,
+                  pack_bf16x2, quad_max, quad_sum, select, set_error_bit, st_shared_v4_b32, sub_rn, wgmma_commit,
+                  wgmma_group)
 
 LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30
@@ -344,14 +349,21 @@ class KVRing:
     marked -1 (past the request's last page, or invalid) is read at page index num_pages, outside
     the tensor map, so TMA fills zeros and still counts its bytes. After `ready(k)` the stage of
     step k holds the step's K and V as bf16, the tail page's V rows >= L zeroed; sK / sV are what
-    the wgmmas read. The rest of the kernel uses only these methods and views, so a cache of
-    another format (e4m3 pages converted to bf16 in smem before the wgmmas, say) changes this
-    class (make_tma, create, ready) and the ring's smem allocations in Attn2Sm90.kernel."""
+    the wgmmas read. The rest of the kernel uses only these methods and views.
+
+    An FP8 cache (cfg.fp8): the boxes are (16, 64) e4m3, 1 KB, unswizzled (64-byte rows), into a
+    staging ring of `stages` stages (per stage the step's K pages, then its V pages: keys_per_step
+    rows of 64 bytes each); `ready(k)` then has every thread convert its share of the stage to bf16
+    (convert) into a single step buffer sK / sV laid out as one stage of the bf16 ring (so the
+    wgmmas, the masks and the softmax are those of bf16), and the tail page's V rows >= L are
+    written as zeros there instead of zero_tail_rows. A converted stage is free at once: the ring
+    keeps `stages` steps in flight (cfg.steps_ahead), one more than bf16's, in about the bytes of
+    bf16's (cfg.smem_bytes)."""
     tma_atom: cute.CopyAtom
     tKVg: cute.Tensor    # TMA view of the cache per box: (box, 1, K|V, Hkv, page)
-    tKs: cute.Tensor     # the K ring per page box: (box, pages_per_step * stages)
+    tKs: cute.Tensor     # the K ring per page box: (box, pages_per_step * stages) (fp8: the staging ring's)
     tVs: cute.Tensor     # the V ring, the same
-    sK: cute.Tensor      # (keys_per_step, 64, stages) bf16, 128 B swizzle
+    sK: cute.Tensor      # (keys_per_step, 64, mma_stages) bf16, 128 B swizzle
     sV: cute.Tensor      # the same
     full: cute.Pointer   # mbarriers full[0 .. stages)
     sPT: cute.Tensor     # int32 [page_table_max]: the CTA's page-table entries (physical page or -1)
@@ -360,29 +372,55 @@ class KVRing:
     tidx: Int32
     warp: Int32          # warp 0 issues the loads
     cfg: Attn2Config
+    src8: Int32 | None   # fp8: shared address of this thread's first 8 bytes of staging stage 0
+    dst16: Int32 | None  # fp8: shared address of its first 16-byte bf16 piece in sK (128 B swizzle applied)
 
     @staticmethod
-    def make_tma(mCache: cute.Tensor, sPages_layout: cute.ComposedLayout):
+    def make_tma(mCache: cute.Tensor, sPages_layout):
         """Host side (__call__): the TMA atom and the cache's TMA tensor, the cache seen as (row,
-        column, KV head, page); a box is one page's K or V half, (16, 64)."""
+        column, KV head, page); a box is one page's K or V half, (16, 64). sPages_layout: the ring
+        as pages (bf16: 128 B swizzled; fp8: the staging ring's K boxes, staging_layout)."""
         mKV = cute.make_tensor(mCache.iterator, cute.select(mCache.layout, mode=[2, 3, 1, 0]))
         return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mKV,
                                            cute.slice_(sPages_layout, (None, None, 0)), (PAGE_SIZE, HEAD_DIM))
 
     @staticmethod
+    def staging_layout(cfg: Attn2Config) -> cute.Layout:
+        """fp8: the staging ring's K boxes as pages, (16, 64, (pages_per_step, stages)) bytes: page p
+        of stage s at s * 2 keys_per_step * 64 + p * 1 KB; its V boxes follow each stage's K boxes."""
+        box = PAGE_SIZE * HEAD_DIM
+        return cute.make_layout((PAGE_SIZE, HEAD_DIM, (cfg.pages_per_step, cfg.stages)),
+                                stride=(HEAD_DIM, 1, (box, 2 * cfg.pages_per_step * box)))
+
+    @staticmethod
     def create(cfg: Attn2Config, tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
-               sPages_layout: cute.ComposedLayout, full, sPT: cute.Tensor, num_pages: Int32,
-               cta: CtaPlace) -> "KVRing":
+               sPages_layout, full, sPT: cute.Tensor, num_pages: Int32,
+               cta: CtaPlace, s8: cute.Tensor | None = None) -> "KVRing":
         """The TMA partitions of the rings, seen as pages (16, 64, pages_per_step * stages), against
-        the cache's boxes (layout only: no instruction)."""
-        sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
-        sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
+        the cache's boxes (layout only: no instruction). fp8: those of the staging ring s8, and this
+        thread's two conversion addresses (convert)."""
+        src8 = None
+        dst16 = None
+        if const_expr(cfg.fp8):
+            sKp = cute.make_tensor(s8.iterator, sPages_layout)
+            sVp = cute.make_tensor(s8.iterator + cfg.pages_per_step * PAGE_SIZE * HEAD_DIM, sPages_layout)
+            # chunk tidx + THREADS i of a stage: bytes 8 (tidx + THREADS i); its row of the step
+            # tidx // 8 (+ 16 per i), its columns 8 (tidx % 8) ..: the bf16 piece tidx % 8 of that
+            # row, in the 128 B swizzle (16-byte piece ^= address bits 7..9, as CuTe addresses sK and
+            # as TMA and wgmma read it; sK is 1 KB aligned)
+            src8 = s8.iterator.toint() + cta.tidx * 8
+            a = sK.iterator.toint() + (cta.tidx // 8) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16
+            dst16 = a ^ ((a >> 3) & 0x70)
+        else:
+            sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
+            sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
         gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)
         tKs, tKVg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sKp, 0, 2),
                                           cute.group_modes(gKV, 0, 2))
         tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
                                        cute.group_modes(gKV, 0, 2))
-        return KVRing(tma_atom, tKVg, tKs, tVs, sK, sV, full, sPT, cta.kv_head, num_pages, cta.tidx, cta.warp, cfg)
+        return KVRing(tma_atom, tKVg, tKs, tVs, sK, sV, full, sPT, cta.kv_head, num_pages, cta.tidx, cta.warp, cfg,
+                      src8, dst16)
 
     @cute.jit
     def init_barriers(self):
@@ -437,8 +475,10 @@ class KVRing:
         stage `stage`, one (16, 64) box each, completing on full[stage]; a page sPT marks -1 is
         read at page index num_pages (zero-filled)."""
         pages_per_step = self.cfg.pages_per_step
+        value_bytes = 1 if self.cfg.fp8 else 2
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(self.full + stage, pages_per_step * 2 * PAGE_SIZE * HEAD_DIM * 2)
+            cute.arch.mbarrier_arrive_and_expect_tx(self.full + stage,
+                                                    pages_per_step * 2 * PAGE_SIZE * HEAD_DIM * value_bytes)
         for p in cutlass.range_constexpr(pages_per_step):
             phys = self.sPT[cutlass.min(k * pages_per_step + p, Int32(self.cfg.page_table_max - 1))]
             src = phys
@@ -452,22 +492,22 @@ class KVRing:
 
     @cute.jit
     def prologue(self, n_steps: Int32, unwritten: Int32, before_wait: cutlass.Constexpr[bool]):
-        """Warp 0: the ring prologue, steps 0 .. stages - 2 (those < n_steps), step k into stage k;
-        needs sPT published. With cfg.early_ring the call before the PDL wait (before_wait) issues
-        the steps < unwritten (ReductionTree.unwritten_steps: no row the predecessor may write) and
-        the call after it the rest; without it unwritten is 0, and the call after the wait issues
-        them all."""
+        """Warp 0: the ring prologue, steps 0 .. steps_ahead - 1 (those < n_steps; steps_ahead is
+        stages - 1, fp8 stages), step k into stage k; needs sPT published. With cfg.early_ring the
+        call before the PDL wait (before_wait) issues the steps < unwritten
+        (ReductionTree.unwritten_steps: no row the predecessor may write) and the call after it
+        the rest; without it unwritten is 0, and the call after the wait issues them all."""
         if self.warp == 0:
-            for k0 in cutlass.range_constexpr(self.cfg.stages - 1):
+            for k0 in cutlass.range_constexpr(self.cfg.steps_ahead):
                 if k0 < n_steps:
                     if Int32(k0 < unwritten) == Int32(before_wait):
                         self.load_step(Int32(k0), Int32(k0))
 
     @cute.jit
     def refill(self, k_next: Int32, n_steps: Int32):
-        """Warp 0, in step k after the step's CTA barrier: ring step k_next = k + stages - 1, if the
-        CTA has it (< n_steps), into its stage (the one step k - 1 read, which every warp is done
-        with)."""
+        """Warp 0, in step k after the step's CTA barrier: ring step k_next = k + steps_ahead, if the
+        CTA has it (< n_steps), into its stage (bf16: the one step k - 1 read, which every warp is
+        done with; fp8, after ready's barrier: the one step k was converted from)."""
         if self.warp == 0:
             if k_next < n_steps:
                 self.load_step(k_next, k_next % self.cfg.stages)
@@ -482,9 +522,47 @@ class KVRing:
     @cute.jit
     def ready(self, k: Int32, stage: Int32, tail_lo: Int32, tail_hi: Int32):
         """Every thread, in step k: wait until the stage of step k landed, then zero its tail rows
-        (zero_tail_rows). Afterwards sK / sV[.., stage] hold the step's K and V for the wgmmas."""
+        (zero_tail_rows). Afterwards sK / sV[.., stage] hold the step's K and V for the wgmmas.
+        fp8 (after the step's CTA barrier: no wgmma reads the step buffer any more): wait, convert
+        the stage into the step buffer sK / sV[.., 0] (convert), then a proxy fence and a CTA
+        barrier; afterwards the stage may be refilled."""
         cute.arch.mbarrier_wait(self.full + stage, (k // self.cfg.stages) % 2)
-        self.zero_tail_rows(stage, k, tail_lo, tail_hi)
+        if const_expr(self.cfg.fp8):
+            self.convert(k, stage, tail_lo)
+            cute.arch.fence_view_async_shared()    # generic stores -> the wgmmas (async proxy)
+            cute.arch.sync_threads()
+        else:
+            self.zero_tail_rows(stage, k, tail_lo, tail_hi)
+
+    @cute.jit
+    def convert(self, k: Int32, stage: Int32, tail_lo: Int32):
+        """fp8, every thread, step k (its staging stage landed): its 2 pages_per_step chunks of 8
+        e4m3 bytes -> bf16 in sK / sV, exact, NaN bytes included (e4m3x4_to_bf16x4: no branch).
+        Chunk tidx + THREADS i is bytes 8 (tidx + THREADS i) of the stage (a warp reads 256
+        contiguous bytes), i.e. K (i < pages_per_step, else V), row tidx // 8 + 16 (i %
+        pages_per_step) of the step, columns 8 (tidx % 8) ..; it becomes the row's 16-byte bf16
+        piece tidx % 8 (a quarter warp stores the 8 pieces of one row: no bank conflict, whatever
+        the swizzle), 16 rows apart from the thread's other pieces of the half (the same row % 8, so
+        the same swizzle: one address, dst16, plus constants). V rows >= L (row >= tail_lo - k
+        keys_per_step) are written as zeros instead: the cache may hold anything there (0 * NaN =
+        NaN), and their logits are masked in StepMask."""
+        keys_per_step = self.cfg.keys_per_step
+        per_half = self.cfg.pages_per_step          # chunks of a thread per K (or V) half of a step
+        src = self.src8 + stage * (2 * keys_per_step * HEAD_DIM)
+        v_rows = tail_lo - k * keys_per_step          # V rows of the step below L
+        row0 = self.tidx // 8
+        for i in cutlass.range_constexpr(2 * per_half):
+            kv = i // per_half
+            h = i % per_half
+            w0, w1 = Uint32(0), Uint32(0)
+            if const_expr(kv == 0):
+                w0, w1 = ld_shared_v2_b32(src, i * THREADS * 8)
+            else:
+                if row0 + 16 * h < v_rows:
+                    w0, w1 = ld_shared_v2_b32(src, i * THREADS * 8)
+            b0, b1 = e4m3x4_to_bf16x4(w0)
+            b2, b3 = e4m3x4_to_bf16x4(w1)
+            st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
 
     @cute.jit
     def zero_tail_rows(self, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32):
@@ -665,12 +743,16 @@ class MergeRows:
         return gate
 
     @cute.jit
-    def write_out(self, mOut: cute.Tensor, gate: cute.Tensor, o: cute.Tensor, l: Float32):
+    def write_out(self, mOut: cute.Tensor, gate: cute.Tensor, o: cute.Tensor, l: Float32,
+                  v_scale: Float32 | None = None):
         """The single writer of these rows, every thread: o / l, norm, gate, out (_epilogue: o =
         bf16(O * rcp(l)); the sum of squares in one fixed tree whatever the layout; rsqrt.approx;
         sigmoid = rcp(1 + ex2(-g log2 e)); out = bf16(o * rs * sig)). The threads_per_row lanes of
-        a row reduce by butterfly, inactive lanes compute a duplicate."""
+        a row reduce by butterfly, inactive lanes compute a duplicate. An FP8 cache's value scale
+        joins the normalisation: o = bf16(O * (v_scale * rcp(l)))."""
         inv_l = cute.arch.rcp_approx(l)
+        if const_expr(v_scale is not None):
+            inv_l = mul_rn(v_scale, inv_l)
         for c in cutlass.range_constexpr(self.columns_per_thread):
             o[c] = o[c] * inv_l
         _epilogue(o, gate, mOut, self.out_row, self.out_col, self.active, self.columns_per_thread,
@@ -884,6 +966,8 @@ class Attn2Sm90:
                  mOut: cute.Tensor,           # bf16 [q_len*R, Hq*64]
                  mWs: cute.Tensor,            # uint8 [bytes]
                  mErr: cute.Tensor,           # int32 [1]
+                 mKScale: cute.Tensor | None,  # fp32 [1] or [Hkv] (an FP8 cache), else None
+                 mVScale: cute.Tensor | None,
                  scale: Float32, max_seq_len: Int32, wave_ctas: Int32,
                  stream: cuda.CUstream):
         num_requests = mSeq.shape[0]
@@ -891,9 +975,13 @@ class Attn2Sm90:
         # K and V rings and Q: rows of 64 bf16 (128 B) in the 128 B swizzle, the canonical
         # K-major wgmma layout; V read through a transposed view is the MN-major B of P V
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        sRing_layout = cute.tile_to_shape(atom, (self.keys_per_step, HEAD_DIM, self.stages), (0, 1, 2))
-        sPages_layout = cute.tile_to_shape(atom, (PAGE_SIZE, HEAD_DIM, self.pages_per_step * self.stages),
-                                           (0, 1, 2))
+        sRing_layout = cute.tile_to_shape(atom, (self.keys_per_step, HEAD_DIM, self.cfg.mma_stages), (0, 1, 2))
+        if const_expr(self.cfg.fp8):
+            # e4m3 pages land unswizzled in the staging ring (KVRing.staging_layout)
+            sPages_layout = KVRing.staging_layout(self.cfg)
+        else:
+            sPages_layout = cute.tile_to_shape(atom, (PAGE_SIZE, HEAD_DIM, self.pages_per_step * self.stages),
+                                               (0, 1, 2))
         sQ_layout = cute.tile_to_shape(atom, (M_TILE, HEAD_DIM), (0, 1))
         tma_atom, mKV_tma = KVRing.make_tma(mCache, sPages_layout)
         occ = {}
@@ -901,7 +989,7 @@ class Attn2Sm90:
             occ = dict(min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)
         if const_expr(self.cluster_size > 1):
             occ["cluster"] = (self.cluster_size, 1, 1)
-        self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, tma_atom, mKV_tma, sRing_layout, sPages_layout,
+        self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, mKScale, mVScale, tma_atom, mKV_tma, sRing_layout, sPages_layout,
                     sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len, wave_ctas).launch(
             grid=(self.cluster_size, kv_heads * num_requests, self.cfg.max_clusters), block=(THREADS, 1, 1),
             stream=stream, use_pdl=self.cfg.pdl, **occ)
@@ -909,8 +997,9 @@ class Attn2Sm90:
     @cute.kernel
     def kernel(self, mY: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
                mOut: cute.Tensor, mWs: cute.Tensor, mErr: cute.Tensor,
+               mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
                tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sRing_layout: cute.ComposedLayout,
-               sPages_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
+               sPages_layout, sQ_layout: cute.ComposedLayout,
                num_pages: Int32, scale_log2: Float32, max_seq_len: Int32, wave_ctas: Int32):
         """One CTA (CtaPlace): split `split` of the reduction tree of (request, KV head), every
         query row of the pair (q_len * 8 rows, row m = token * 8 + head, zero-padded to the wgmma
@@ -927,12 +1016,15 @@ class Attn2Sm90:
         sK = smem.allocate_tensor(BFloat16, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sV = smem.allocate_tensor(BFloat16, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sQ = smem.allocate_tensor(BFloat16, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
+        s8 = None
+        if const_expr(self.cfg.fp8):   # the e4m3 staging ring (KVRing); sK / sV above are its bf16 step buffer
+            s8 = smem.allocate_tensor(Float8E4M3FN, cute.make_layout(self.cfg.staging_bytes), byte_alignment=1024)
         sPT = smem.allocate_tensor(Int32, cute.make_layout(self.page_table_max), byte_alignment=16)
         sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
         sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
         if const_expr(self.cfg.smem_pad > 0):   # never touched: it caps the CTAs an SM holds (occupancy_cap)
             smem.allocate_array(Uint32, self.cfg.smem_pad // 4, byte_alignment=16)
-        ring = KVRing.create(self.cfg, tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, num_pages, cta)
+        ring = KVRing.create(self.cfg, tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, num_pages, cta, s8)
         ring.init_barriers()
 
         # ---- before the PDL wait (this grid may start while its predecessor in the stream still
@@ -964,8 +1056,12 @@ class Attn2Sm90:
                 steps = tree.cta_steps()
                 # the first KV loads (warp 0) and Q go out together: their latencies overlap
                 ring.prologue(steps.count, tree.unwritten_steps(steps.page_base), False)
+                scale_qk = scale_log2
+                if const_expr(self.cfg.fp8):
+                    # the key scale folds into the softmax's: (scale log2 e k_scale) (q . k8), fp32
+                    scale_qk = mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)])
                 self.load_query(mY, sQ, cta)
-                thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_log2, cta)
+                thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
                 self.trigger_dependents(cta, tree, wave_ctas)
 
                 rows = self.merge_rows(cta, tree.rank)
@@ -975,13 +1071,16 @@ class Attn2Sm90:
                 # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
                 # for it, and its latency overlaps the cluster wait and the merges
                 gate = rows.load_gate(mY, cta.kv_heads)
+                v_scale = None
+                if const_expr(self.cfg.fp8):    # applied with 1 / l by the rows' writer
+                    v_scale = mVScale[cutlass.min(cta.kv_head, mVScale.shape[0] - 1)]
                 m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, rows, tree)
                 writes_out = Int32(1)      # one cluster: its (only) node is the whole row
                 if tree.n_clusters > 1:
                     writes_out, l_merged = WorkspaceMerge.create(self.cfg, mWs, rows, tree, cta).merge(
                         sFlag, m_merged, l_merged, o_merged, o_node)
                 if writes_out != 0:     # the single writer of these rows
-                    rows.write_out(mOut, gate, o_merged, l_merged)
+                    rows.write_out(mOut, gate, o_merged, l_merged, v_scale)
                 # my smem stays alive until every peer has read it (merge_cluster's relaxed arrive)
                 cute.arch.cluster_wait()
 
@@ -1039,7 +1138,7 @@ class Attn2Sm90:
         softmax (SoftmaxPartial.update), O += P V; with second_accumulator each chunk is folded
         into the second accumulator at its last step. Returns (thr_pv, the CTA's partial): the
         running chunk (l per lane) or the second accumulator (l summed). Expects sQ, sPT and the
-        mbarriers published and the ring prologue issued; warp 0 keeps stages - 1 steps in flight.
+        mbarriers published and the ring prologue issued; warp 0 keeps steps_ahead steps in flight.
         S = Q K^T is wgmma m64nNk16 (N = keys_per_step), Q and K from smem; O += P V is wgmma
         m64n64k16 with P (bf16, packed cvt.rn.bf16x2) in registers -- the C layout of S is the A
         layout of P V -- and V the MN-major B through a transposed view of the ring. Every wgmma
@@ -1058,7 +1157,8 @@ class Attn2Sm90:
         thr_pv = mma_pv.get_slice(cta.tidx)
         atom_qk = cute.make_mma_atom(mma_qk.op)
         atom_pv = cute.make_mma_atom(mma_pv.op)
-        sVt = cute.composition(ring.sV, cute.make_ordered_layout((HEAD_DIM, keys_per_step, stages), order=(1, 0, 2)))
+        sVt = cute.composition(ring.sV, cute.make_ordered_layout((HEAD_DIM, keys_per_step, self.cfg.mma_stages),
+                                                                 order=(1, 0, 2)))
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(ring.sK))
         tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))
@@ -1095,32 +1195,43 @@ class Attn2Sm90:
 
         for k in cutlass.range(steps.count, unroll=1):
             stage = k % stages
-            # every warp is done with step k-1, so its stage may be refilled
+            mma_stage = stage                 # the stage the wgmmas read (fp8: the one step buffer)
+            # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled
             cute.arch.sync_threads()
-            k_next = k + stages - 1
-            if const_expr(not self.wide):
+            if const_expr(self.cfg.fp8):
+                mma_stage = 0
+                k_next = k + stages           # into the stage step k is converted from, after ready
+            else:
+                k_next = k + stages - 1
+            if const_expr(not self.wide and not self.cfg.fp8):
                 ring.refill(k_next, steps.count)
+            if const_expr(self.cfg.fp8):
+                # the conversion first: nothing of the step's masks is live across it (registers)
+                ring.ready(k, stage, tail_lo, tail_hi)
+                if const_expr(not self.wide):
+                    ring.refill(k_next, steps.count)
             kbase = (steps.page_base + k * self.pages_per_step) * PAGE_SIZE
             ring.invalid_pages(k, inv)
-            ring.ready(k, stage, tail_lo, tail_hi)
+            if const_expr(not self.cfg.fp8):
+                ring.ready(k, stage, tail_lo, tail_hi)
 
             # ---- S = Q K^T (raw logits; the scale is folded into the exp). Wide: warp 0 issues
             # the refill while this wgmma runs, off the path the other warps wait on at it; deep
             # refills before it, since its long CTAs want each load issued as early as possible
             # (bench/RESULTS.md)
             if const_expr(self.wide):
-                wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, stage], True)
+                wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, mma_stage], True)
                 ring.refill(k_next, steps.count)
                 cute.nvgpu.warpgroup.wait_group(0)
             else:
-                wgmma_group(atom_qk, tSrS, tSrQ, tSrK[None, None, None, stage], True)
+                wgmma_group(atom_qk, tSrS, tSrQ, tSrK[None, None, None, mma_stage], True)
             mask.apply(tSrS, tScS, inv, kbase)
             chunk.update(tSrS, corr, scale_log2)
 
             # ---- P -> bf16 A fragment (the C layout of S is the A layout of P V); O += P V
             for q in cutlass.range_constexpr(cute.size(tOrP32)):
                 tOrP32[q] = pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
-            wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, stage], False)
+            wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
 
             if const_expr(self.second_accumulator):
                 if k + 1 == chunk_end:
@@ -1244,14 +1355,19 @@ def _compile(cfg: Attn2Config, extra_options: str):
     nws = cute.sym_int(divisibility=16)
     pages, hkv, nreq, width = (cute.sym_int() for _ in range(4))
     fake = runtime.fake_tensor
+    # an FP8 cache's variant takes the two scales (fp32, one element or one per KV head); a bf16
+    # cache's takes none (the arguments are compile-time None: not in its signature)
+    scales = ((fake(Float32, (cute.sym_int(),), align=4), fake(Float32, (cute.sym_int(),), align=4)) if cfg.fp8
+              else (None, None))
     return cute.compile(
         Attn2Sm90(cfg),
         fake(BFloat16, (rows, n), align=16),                            # y
-        fake(BFloat16, (pages, hkv, PAGE_SIZE, CACHE_ROW), align=16),   # kv_cache
+        fake(Float8E4M3FN if cfg.fp8 else BFloat16, (pages, hkv, PAGE_SIZE, CACHE_ROW), align=16),   # kv_cache
         fake(Int32, (nreq, width), align=4),                            # page_table
         fake(Int32, (nreq,), align=4),                                  # seq_lens
         fake(BFloat16, (rows, nq), align=16),                           # out
         fake(cutlass.Uint8, (nws,), align=16),                          # workspace
         fake(Int32, (1,), align=4),                                     # error flag
+        *scales,                                                        # k_scale, v_scale
         Float32(0.5), Int32(cfg.max_seq_len), Int32(132), runtime.env_stream(),
         options=runtime.compile_options(extra_options))

@@ -152,6 +152,7 @@ class Attn2Config:
     two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
     ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
     early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
+    fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, converted to bf16 in smem (KVRing)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -198,10 +199,23 @@ class Attn2Config:
         return max(1, self.query_rows // self.cluster_size)
 
     @property
+    def mma_stages(self):      # bf16 K / V stages the wgmmas read: the ring's (bf16), one step buffer (fp8)
+        return 1 if self.fp8 else self.stages
+
+    @property
+    def steps_ahead(self):     # ring steps in flight while a step computes: a bf16 stage is free once
+        # its wgmmas are done, an FP8 one once it is converted (before them)
+        return self.stages if self.fp8 else self.stages - 1
+
+    @property
+    def staging_bytes(self):   # the FP8 staging ring: stages x (K | V) x keys_per_step rows of 64 bytes
+        return self.stages * 2 * self.keys_per_step * HEAD_DIM if self.fp8 else 0
+
+    @property
     def smem_bytes(self):      # what the kernel allocates (attn2.py, kernel), alignment included
-        ring = self.stages * self.keys_per_step * HEAD_DIM * 2
-        return (1024 + 2 * ring + M_TILE * HEAD_DIM * 2 + _round_up(4 * self.page_table_max, 16) + 16
-                + 8 * self.query_rows)
+        ring = self.mma_stages * self.keys_per_step * HEAD_DIM * 2
+        return (1024 + 2 * ring + M_TILE * HEAD_DIM * 2 + self.staging_bytes + _round_up(4 * self.page_table_max, 16)
+                + 16 + 8 * self.query_rows)
 
     @property
     def smem_pad(self):        # bytes reserved past smem_bytes so at most ctas_per_sm CTAs fit an SM
@@ -219,12 +233,13 @@ class Attn2Config:
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
-               early_ring: bool = True) -> "Attn2Config":
+               early_ring: bool = True, fp8: bool = False) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
         # in keys; a dev knob) was slower: bench/RESULTS.md. early_ring (the prologue's old rows
         # before the PDL wait) is on by default (RESULTS.md); none of these changes the bits.
+        # fp8: the same variants over an e4m3 cache (its ring: KVRing in attn2.py)
         assert layout in LAYOUTS, layout
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
@@ -253,14 +268,14 @@ class Attn2Config:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
-                          early_ring)
+                          early_ring, fp8)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
             if deeper.smem_bytes <= OCCUPANCY_SMEM_BYTES[ctas_per_sm]:
                 cfg = deeper
-        # the merge buffer (query rows x 64 fp32) reuses the K and V rings
-        assert 2 * cfg.stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
+        # the merge buffer (query rows x 64 fp32) reuses the K and V rings (fp8: the bf16 step buffer)
+        assert 2 * cfg.mma_stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         return cfg
 
@@ -293,15 +308,17 @@ def deployment_layouts(window: int) -> tuple[str, ...]:
 
 
 def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", **over) -> "Attn2Config":
-    if set(over) <= {"ctas_per_sm"}:
-        return _default_config(q_len, window, max_seq_len, layout, over.get("ctas_per_sm", 0))
+    if set(over) <= {"ctas_per_sm", "fp8"}:
+        return _default_config(q_len, window, max_seq_len, layout, over.get("ctas_per_sm", 0),
+                               bool(over.get("fp8", False)))
     return Attn2Config.create(q_len, window, max_seq_len, layout, **over)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_config(q_len: int, window: int, max_seq_len: int, layout: str, ctas_per_sm: int = 0) -> "Attn2Config":
+def _default_config(q_len: int, window: int, max_seq_len: int, layout: str, ctas_per_sm: int = 0,
+                    fp8: bool = False) -> "Attn2Config":
     """A deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
-    return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm)
+    return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm, fp8=fp8)
 
 
 def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int,
@@ -310,8 +327,6 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
     ok, why = runtime.device_support(device)
     if not ok:
         return ok, why
-    if fp8:
-        return False, "the attn2 kernel reads a bf16 KV cache only (an FP8 cache runs on the reference)"
     if q_len not in SUPPORTED_Q_LENS:
         return False, f"q_len must be one of {SUPPORTED_Q_LENS}, got {q_len}"
     if kv_heads < 1 or window < 0 or max_seq_len < q_len:
@@ -326,15 +341,17 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
 
 def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
     """Bytes for calls of up to num_requests requests (every layout uses the same slots; the
-    counters sit at the end, so any smaller batch finds its counters where they were)."""
+    counters sit at the end, so any smaller batch finds its counters where they were; an FP8
+    cache's variants use the same layout)."""
     return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
 
 def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int,
-                  override: dict | None = None, sm_count: int = 0) -> "Attn2Config":
-    """The variant a launch of this shape runs on a GPU of sm_count SMs (0: no occupancy cap);
-    override (dev tools) forces a layout, a cap or a tuning knob."""
+                  override: dict | None = None, sm_count: int = 0, fp8: bool = False) -> "Attn2Config":
+    """The variant a launch of this shape runs on a GPU of sm_count SMs (0: no occupancy cap), over
+    a float8_e4m3fn cache with fp8; override (dev tools) forces a layout, a cap or a tuning knob."""
     over = dict(override or {})
+    over.setdefault("fp8", bool(fp8))
     layout = over.pop("layout", choose_layout(num_requests, kv_heads, window))
     cfg = _config(q_len, window, max_seq_len, layout, **over)
     if "ctas_per_sm" in over:
@@ -347,16 +364,22 @@ def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max
 def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int,
                         fp8: bool = False) -> list["Attn2Config"]:
     """Every variant a deployment may launch, whatever its batch (what prepare compiles): each
-    layout under each occupancy cap; kv_heads is a run-time dimension of the kernel."""
-    return [_config(q_len, window, max_seq_len, layout, ctas_per_sm=cap)
+    layout under each occupancy cap, over a float8_e4m3fn cache with fp8; kv_heads is a run-time
+    dimension of the kernel."""
+    return [_config(q_len, window, max_seq_len, layout, ctas_per_sm=cap, fp8=fp8)
             for layout in deployment_layouts(window) for cap in occupancy_caps(layout)]
 
 
-def ci_variants(max_seq_lens=(2048, 32768, 262144)) -> list["Attn2Config"]:
+def ci_variants(max_seq_lens=(2048, 32768, 262144), fp8_max_seq_lens=(2048, 262144)) -> list["Attn2Config"]:
     """The variants CI compiles on the CPU: both q_lens, with and without a window, short to long
-    deployments, every layout."""
-    return [cfg for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for msl in max_seq_lens
+    deployments, every layout, for a bf16 cache; and the same for an FP8 cache at a short and a
+    long deployment (its ring differs from bf16's only in the KV loads, which max_seq_len does not
+    change)."""
+    bf16 = [cfg for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for msl in max_seq_lens
             for cfg in deployment_variants(2, q_len, window, msl)]
+    fp8 = [cfg for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for msl in fp8_max_seq_lens
+           for cfg in deployment_variants(2, q_len, window, msl, fp8=True)]
+    return bf16 + fp8
 
 
 def triggers_dependents(layout: str, pairs: int, n_chunks: int, wave: int) -> bool:

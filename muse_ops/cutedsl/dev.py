@@ -56,12 +56,14 @@ def launch_qkv_front(x, weight, positions, slots, cos_sin, kv_cache, y, error_fl
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int, window: int,
-                 scale: float, max_seq_len: int, override: dict | None = None, kernel=None) -> None:
+                 scale: float, max_seq_len: int, override: dict | None = None, kernel=None, k_scale=None,
+                 v_scale=None) -> None:
     """launch.launch_attn2 with the plan's config overridden (attn2_plan.launch_config's override:
     "layout", "ctas_per_sm", ...) and/or another kernel module."""
     if seq_lens.shape[0] == 0:
         return
     cfg = attn2_launch_config(seq_lens.shape[0], kv_cache.shape[1], q_len, window, max_seq_len, override,
-                              runtime.sm_count(y.device))
+                              runtime.sm_count(y.device), fp8=kv_cache.dtype == torch.float8_e4m3fn)
     fn = compile_attn2(cfg, kernel=kernel)
-    launch.call_attn2(fn, cfg, y, kv_cache, page_table, seq_lens, out, workspace, error_flag, scale, max_seq_len)
+    launch.call_attn2(fn, cfg, y, kv_cache, page_table, seq_lens, out, workspace, error_flag, scale, max_seq_len,
+                      k_scale, v_scale)

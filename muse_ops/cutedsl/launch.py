@@ -50,7 +50,7 @@ def prepare(op: str, **deployment) -> list[dict]:
     {"op", "variant", "how" ("aot": the ahead-of-time library, "compiled", "loaded" from the disk
     cache, "memory"), "seconds"}."""
     fam = registry.family(op)
-    args = {k: deployment[k] for k in fam.deployment_args}
+    args = {k: deployment[k] for k in fam.deployment_args if k in deployment}   # (fp8 may be left out: bf16)
     reports = []
     for cfg in fam.plan_module().deployment_variants(**args):
         before = dict(compile_cache.stats)
@@ -97,29 +97,42 @@ def call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_
         cos_sin = runtime.dummy_tensor(x.device)
     if kv_cache.dtype == torch.float8_e4m3fn:
         one = runtime.dummy_tensor(x.device, shape=(1,), fill=1.0)
-        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, one if k_scale is None else k_scale,
-           one if v_scale is None else v_scale, split)
+        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag,
+           one if k_scale is None else k_scale.view(-1), one if v_scale is None else v_scale.view(-1), split)
     else:
         fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
-                 window: int, scale: float, max_seq_len: int) -> None:
-    """Write out on torch's current stream (graph-capturable; no host sync)."""
+                 window: int, scale: float, max_seq_len: int, k_scale=None, v_scale=None) -> None:
+    """Write out on torch's current stream (graph-capturable; no host sync). An FP8 cache takes
+    its scales (None: 1.0)."""
     r = seq_lens.shape[0]
     if r == 0:
         return
-    cfg = attn2_launch_config(r, kv_cache.shape[1], q_len, window, max_seq_len, None, runtime.sm_count(y.device))
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    cfg = attn2_launch_config(r, kv_cache.shape[1], q_len, window, max_seq_len, None, runtime.sm_count(y.device),
+                              fp8=fp8)
     fn = compile_attn2(cfg)
-    shims.offer_attn2(cfg, max_seq_len, fn)
-    call_attn2(fn, cfg, y, kv_cache, page_table, seq_lens, out, workspace, error_flag, scale, max_seq_len)
+    if not fp8:
+        shims.offer_attn2(cfg, max_seq_len, fn)   # the C++ ops launch it from now on
+    call_attn2(fn, cfg, y, kv_cache, page_table, seq_lens, out, workspace, error_flag, scale, max_seq_len,
+               k_scale, v_scale)
 
 
 def call_attn2(fn, cfg: Attn2Config, y, kv_cache, page_table, seq_lens, out, workspace, error_flag, scale: float,
-               max_seq_len: int) -> None:
-    """Call a compiled attn2 variant, its workspace checked against the batch's need."""
+               max_seq_len: int, k_scale=None, v_scale=None) -> None:
+    """Call a compiled attn2 variant, its workspace checked against the batch's need; an FP8
+    cache's variant also takes the two scales (fp32, one element or [Hkv]; 1.0 where None)."""
     need = workspace_layout(cfg, seq_lens.shape[0], kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {seq_lens.shape[0]} requests, got {workspace.numel()}")
-    fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
-       wave_ctas(y.device))
+    if cfg.fp8:
+        one = runtime.dummy_tensor(y.device, shape=(1,), fill=1.0)
+        k_scale = one if k_scale is None else k_scale.view(1) if k_scale.dim() == 0 else k_scale
+        v_scale = one if v_scale is None else v_scale.view(1) if v_scale.dim() == 0 else v_scale
+        fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, k_scale, v_scale, float(scale),
+           int(max_seq_len), wave_ctas(y.device))
+    else:
+        fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
+           wave_ctas(y.device))
