@@ -50,7 +50,7 @@
 // The interface version: muse_ops/cutedsl/shims.py reads `muse_shims_abi=N;` from the library file
 // before loading it, and the development library attaches only to a library of its own version.
 // Bump it on any change of the ops, of what Python calls, or of State's layout below.
-#define MUSE_SHIMS_ABI 7
+#define MUSE_SHIMS_ABI 8
 #define MUSE_SHIMS_STR2(x) #x
 #define MUSE_SHIMS_STR(x) MUSE_SHIMS_STR2(x)
 
@@ -298,6 +298,13 @@ struct Args {
     values[count] = TVMFFIAny{};
     values[count].type_index = kTVMFFIFloat;
     values[count].v_float64 = v;
+    ++count;
+  }
+  // an argument the variant compiled as None (a bf16 cache's k_scale and v_scale): it is still in
+  // the compiled function's signature and must be passed as None
+  void none() {
+    values[count] = TVMFFIAny{};
+    values[count].type_index = kTVMFFINone;
     ++count;
   }
 };
@@ -606,6 +613,8 @@ void launch_qkv_front(const FrontPlan& p, const at::Tensor& x, const at::Tensor&
   args.tensor(kv_cache);
   args.tensor(y);
   args.tensor(p.device->error_flag);
+  args.none();   // k_scale, v_scale: None in a bf16 cache's variant
+  args.none();
   args.integer(p.k_split);
   call(state().ffi, p.kernel, args, "qkv_front", clock);
 }
@@ -623,6 +632,8 @@ void launch_attn2(const AttnPlan& p, const at::Tensor& y, const at::Tensor& kv_c
   args.tensor(out);
   args.tensor(workspace);
   args.tensor(p.device->error_flag);
+  args.none();   // k_scale, v_scale: None in a bf16 cache's variant
+  args.none();
   args.real(scale);
   args.integer(max_seq_len);
   args.integer(p.wave);

@@ -204,3 +204,40 @@ def test_phase_stamps_compile_in_only_when_asked(tmp_path, monkeypatch):
         assert ptx, f"no PTX dumped for the {name} variant"
         counts[name] = ptx.count("globaltimer")
     assert counts == {"plain": 0, "stamped": len(P.STAMP_PHASES)}, counts
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_launch_passes_every_argument_of_the_compiled_signature(fp8):
+    """A compiled variant takes every argument of its kernel class's __call__ but the stream (the
+    TVM-FFI environment's), compile-time None ones included (a bf16 cache's k_scale / v_scale):
+    launch.call_* passes exactly that many, None where the variant compiled None. (On the GPU a
+    short list fails with "Expects N parameters"; a CPU machine can check the lists.)"""
+    import inspect
+    from muse_ops.cutedsl import attn2, attn2_plan, qkv_front, qkv_front_plan
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    seen = {}
+
+    def recorder(name):
+        def fn(*args):
+            seen[name] = args
+        return fn
+    cache = torch.zeros(4, 2, 16, 128, dtype=dtype)
+    x = torch.zeros(8, 8192, dtype=torch.bfloat16)
+    idx = torch.zeros(8, dtype=torch.int64)
+    launch.call_qkv_front(recorder("qkv_front"), x, x, idx, idx, None, cache, x, idx, 3)
+    cfg = attn2_plan._config(8, 0, 2048, "deep", fp8=fp8)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8)
+    pt, seq = torch.zeros(1, 4, dtype=torch.int32), torch.full((1,), 20, dtype=torch.int32)
+    original = launch.wave_ctas   # it asks the device for its SM count: stand in
+    launch.wave_ctas = lambda device: 132
+    try:
+        launch.call_attn2(recorder("attn2"), cfg, x, cache, pt, seq, x, ws, idx, 0.5, 2048)
+    finally:
+        launch.wave_ctas = original
+    for name, cls in (("qkv_front", qkv_front.QkvFrontSm90), ("attn2", attn2.Attn2Sm90)):
+        params = [p for p in inspect.signature(cls.__call__).parameters if p not in ("self", "stream")]
+        args = seen[name]
+        assert len(args) == len(params), (name, params, len(args))
+        for p, a in zip(params, args):
+            if p in ("mKScale", "mVScale"):
+                assert (a is None) == (not fp8), (name, p, a)

@@ -99,8 +99,8 @@ def call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_
         one = runtime.dummy_tensor(x.device, shape=(1,), fill=1.0)
         fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag,
            one if k_scale is None else k_scale.view(-1), one if v_scale is None else v_scale.view(-1), split)
-    else:
-        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, split)
+    else:   # a bf16 variant's scales are compile-time None: still two arguments of its signature
+        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, None, None, split)
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
@@ -134,5 +134,6 @@ def call_attn2(fn, cfg: Attn2Config, y, kv_cache, page_table, seq_lens, out, wor
         fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, k_scale, v_scale, float(scale),
            int(max_seq_len), wave_ctas(y.device))
     else:
-        fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, float(scale), int(max_seq_len),
-           wave_ctas(y.device))
+        # a bf16 variant's scales are compile-time None: still two arguments of its signature
+        fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, None, None, float(scale),
+           int(max_seq_len), wave_ctas(y.device))

@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 ENV = "MUSE_OPS_SHIMS"
-ABI = 7            # MUSE_SHIMS_ABI in csrc_shims/muse_shims.h
+ABI = 8            # MUSE_SHIMS_ABI in csrc_shims/muse_shims.h
 TABLE_FORMAT = 5   # kTableFormat in csrc_shims/muse_shims.cpp: the first row of a `.shims` file
 LIBRARY_NAME = "libmuse_shims.so"
 DEV_LIBRARY_NAME = "libmuse_shims_dev.so"
