@@ -416,17 +416,23 @@ struct CallShape {
   const KvHeadsTable* table = nullptr;
 };
 
+// The cache both ops read: its dtype's code and its KV-head count's table, or what fails.
+inline const char* cache_metadata(const State& s, const at::Tensor& kv_cache, CallShape& c) {
+  c.cache = kv_cache_code(s, kv_cache);
+  if (c.cache < 0) return "kv_cache metadata";
+  c.kv_heads = kv_cache.size(1);
+  c.table = kv_heads_table(s, c.kv_heads);
+  if (!c.table) return "a KV-head count outside the plan's tables";
+  return nullptr;
+}
+
 // validation.check_qkv_front_metadata (scales aside: the plan refuses any): null, or what fails.
 inline const char* qkv_front_metadata(const State& s, const at::Tensor& x, const at::Tensor& weight,
                                       const at::Tensor& positions, const at::Tensor& slots,
                                       const std::optional<at::Tensor>& cos_sin, const at::Tensor& kv_cache,
                                       CallShape& c) {
-  c.cache = kv_cache_code(s, kv_cache);
-  if (c.cache < 0) return "kv_cache metadata";
+  if (const char* why = cache_metadata(s, kv_cache, c)) return why;
   const c10::Device device = kv_cache.device();
-  c.kv_heads = kv_cache.size(1);
-  c.table = kv_heads_table(s, c.kv_heads);
-  if (!c.table) return "a KV-head count outside the plan's tables";
   if (!tensor_ok(x, at::kBFloat16, 2, device) || x.size(1) != s.model.hidden) return "x metadata";
   c.rows = x.size(0);
   if (!tensor_ok(weight, at::kBFloat16, 2, device) || weight.size(0) != c.table->proj_cols ||
@@ -447,12 +453,8 @@ inline const char* attn2_metadata(const State& s, const at::Tensor* y, const at:
                                   const at::Tensor& page_table, const at::Tensor& seq_lens,
                                   const std::optional<at::Tensor>& workspace, int64_t q_len, double scale,
                                   CallShape& c) {
-  c.cache = kv_cache_code(s, kv_cache);
-  if (c.cache < 0) return "kv_cache metadata";
+  if (const char* why = cache_metadata(s, kv_cache, c)) return why;
   const c10::Device device = kv_cache.device();
-  c.kv_heads = kv_cache.size(1);
-  c.table = kv_heads_table(s, c.kv_heads);
-  if (!c.table) return "a KV-head count outside the plan's tables";
   if (!(scale > 0 && std::isfinite(scale))) return "scale";
   if (!tensor_ok(seq_lens, at::kInt, 1, device, false)) return "seq_lens metadata";
   c.rows = seq_lens.size(0);

@@ -34,7 +34,6 @@ class MuseAttentionDecode(nn.Module):
         super().__init__()
         self.config = config
         self.backend = backend
-        self._cache_dtype_name = str(config.cache_dtype).removeprefix("torch.")
         kw = {"device": device, "dtype": torch.bfloat16}
         with torch.inference_mode(False):
             self.qkv_weight = nn.Parameter(torch.empty(proj_cols(config.kv_heads), HIDDEN, **kw),
@@ -141,14 +140,14 @@ class MuseAttentionDecode(nn.Module):
             workspace = None
         kw = dict(q_len=c.q_len, window=c.window, scale=c.scale, max_seq_len=c.max_seq_len, k_scale=self.k_scale,
                   v_scale=self.v_scale, backend=self.backend)
-        layer = dict(max_batch=c.max_batch, cache_dtype=self._cache_dtype_name)
+        layer = dict(max_batch=c.max_batch, cache_dtype=c.cache_dtype)
         out = None
         if torch.compiler.is_compiling():
             # the graph's first op checks the whole step when it runs, before qkv_front writes
             # (the fakes check nothing, so the error is the package's own, compiled or not)
             torch.ops.muse._check_step(x2, self.qkv_weight, positions, slots, self.cos_sin, kv_cache, page_table,
                                        seq_lens, workspace, self.k_scale, self.v_scale, c.q_len, c.window, c.scale,
-                                       c.max_seq_len, c.max_batch, self._cache_dtype_name, self.backend)
+                                       c.max_seq_len, c.max_batch, c.cache_dtype, self.backend)
         else:
             # a plain eager call: the step checked before its first write, then both ops; otherwise
             # check the whole step, then go through the registered ops

@@ -139,9 +139,9 @@ def _attn2_impl(y: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tenso
 def _workspace_need(name: str, num_requests: int, variant: dict) -> int:
     if name != "cutedsl":
         return 0
-    from .cutedsl import attn2_plan
-    plan_variant = {k: v for k, v in variant.items() if k != "fp8"}
-    return attn2_plan.workspace_bytes(num_requests, **plan_variant)
+    from .cutedsl import attn2_plan   # (the workspace's layout is the same for either cache dtype)
+    return attn2_plan.workspace_bytes(num_requests, variant["kv_heads"], variant["q_len"], variant["window"],
+                                      variant["max_seq_len"])
 
 
 def _run_attn2(name, y, kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
@@ -195,7 +195,7 @@ def _check_step_impl(x: torch.Tensor, weight: torch.Tensor, positions: torch.Ten
                      cos_sin: Optional[torch.Tensor], kv_cache: torch.Tensor, page_table: torch.Tensor,
                      seq_lens: torch.Tensor, workspace: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
                      v_scale: Optional[torch.Tensor], q_len: int, window: int, scale: float, max_seq_len: int,
-                     max_batch: int, cache_dtype: str, backend: Optional[str]) -> None:
+                     max_batch: int, cache_dtype: torch.dtype, backend: Optional[str]) -> None:
     """A compiled layer step's checks, as the first op of its graph (MuseAttentionDecode.forward):
     everything check_step checks, when the step runs, before qkv_front writes. It writes nothing;
     kv_cache is declared mutated so that the graph keeps it, and keeps it before the ops that
@@ -352,7 +352,7 @@ def attn2_workspace(device, num_requests: int, kv_heads: int, q_len: int, window
 
 def check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
                window: int, scale: float, max_seq_len: int, k_scale=None, v_scale=None, max_batch: int | None = None,
-               cache_dtype: str | None = None, backend: str | None = None, record: bool = False) -> tuple[str, str]:
+               cache_dtype: torch.dtype | None = None, backend: str | None = None, record: bool = False) -> tuple[str, str]:
     """Every check of a layer step (qkv_front then attn2) before its first write: metadata always
     (attn2's workspace, where given, against what its backend needs for this batch included; the
     batch against max_batch), contents where a backend that will run checks them: both ops'
@@ -377,7 +377,7 @@ def check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_l
 
 def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, *, q_len: int,
              window: int, scale: float, max_seq_len: int, k_scale=None, v_scale=None, max_batch: int | None = None,
-             cache_dtype: str | None = None, backend: str | None = None) -> torch.Tensor | None:
+             cache_dtype: torch.dtype | None = None, backend: str | None = None) -> torch.Tensor | None:
     """A layer step (qkv_front, then attn2 on its y) in a plain eager call, every check before the
     first write. Where the C++ ops serve the device: the whole step in one C++ call (its two plans,
     then both launches); where that declines (having written nothing), the whole check in Python,
@@ -392,7 +392,7 @@ def run_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_len
     layer = dict(max_batch=max_batch, cache_dtype=cache_dtype)
     if CPP and kv_cache.is_cuda:
         if (max_batch is not None and seq_lens.shape[0] > max_batch) or (
-                cache_dtype is not None and str(kv_cache.dtype) != f"torch.{cache_dtype}"):
+                cache_dtype is not None and kv_cache.dtype != cache_dtype):
             check_step(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, **layer,
                        **kw)   # raises: the C++ step knows neither the layer's bound nor its dtype
         out = _LAYER_STEP(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len,

@@ -178,14 +178,13 @@ def check_attn2_metadata(y, kv_cache, page_table, seq_lens, workspace, q_len, wi
 
 def check_step_metadata(x, weight, positions, slots, cos_sin, kv_cache, page_table, seq_lens, workspace, q_len,
                         window, scale, max_seq_len, k_scale=None, v_scale=None, max_batch: int | None = None,
-                        cache_dtype: str | None = None) -> None:
+                        cache_dtype: torch.dtype | None = None) -> None:
     """A layer step's metadata (qkv_front, then attn2 on its y): y is [M, N] by construction, so
     what attn2 asks of y is asked of x: M = q_len * R. A layer also passes its bound on R
-    (max_batch, which sized its workspace) and its cache dtype's name (torch.float8_e4m3fn ->
-    "float8_e4m3fn"); None skips either."""
+    (max_batch, which sized its workspace) and its cache dtype; None skips either."""
     check_qkv_front_metadata(x, weight, positions, slots, cos_sin, kv_cache, k_scale, v_scale)
-    if cache_dtype is not None and str(kv_cache.dtype) != f"torch.{cache_dtype}":
-        _fail("qkv_front", "kv_cache", f"torch.{cache_dtype} (the layer's DeploymentConfig.cache_dtype)",
+    if cache_dtype is not None and kv_cache.dtype != cache_dtype:
+        _fail("qkv_front", "kv_cache", f"{cache_dtype} (the layer's DeploymentConfig.cache_dtype)",
               _describe(kv_cache))
     r = _check_attn2_arguments(kv_cache, page_table, seq_lens, workspace, q_len, window, scale, max_seq_len,
                                k_scale=k_scale, v_scale=v_scale)

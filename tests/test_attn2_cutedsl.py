@@ -359,16 +359,10 @@ def test_chain_reads_new_rows_after_the_insert(layout, q_len, window, early_ring
         assert nbad == 0 and mean <= 2e-3, (nbad, mx, mean)
 
 
-@gpu
-@pytest.mark.parametrize("layout", ["wide", "deep"])
-def test_error_flags_and_no_out_of_bounds(layout):
-    """Bad lengths give zero rows and bit 1, a bad page is skipped with bit 2, in either layout (the
-    4 requests x 2 KV heads would run wide by themselves)."""
-    A = _kernel()
-    q_len, window, msl, hkv = 8, 0, 4096, 2
-    lens = [100, 3000, 500, 200]
-    y, cache, pt, seq = make_case(lens, hkv, q_len, seed=3)
-    seq[1] = 5000           # > max_seq_len -> zeros + bit 1
+def _check_error_flags(A, y, cache, pt, seq, lens, hkv, q_len, window, msl, layout):
+    """Request 1 too long, request 2 too short (zero rows, bit 1), a bad page of request 3 (skipped,
+    bit 2); request 0 as float64 has it, nothing NaN, the counters reset."""
+    seq[1] = msl + 904      # > max_seq_len -> zeros + bit 1
     seq[2] = 3              # < q_len       -> zeros + bit 1
     pt[3, 5] = cache.shape[0] + 7   # bad page -> skipped + bit 2
     out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, layout=layout)
@@ -378,6 +372,18 @@ def test_error_flags_and_no_out_of_bounds(layout):
     ref = attn2_f64(y[:q_len], cache, pt[:1], seq[:1], q_len=q_len, window=window, scale=SCALE)
     assert check_close(out[:q_len], ref)[0] == 0
     assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["wide", "deep"])
+def test_error_flags_and_no_out_of_bounds(layout):
+    """Bad lengths give zero rows and bit 1, a bad page is skipped with bit 2, in either layout (the
+    4 requests x 2 KV heads would run wide by themselves)."""
+    A = _kernel()
+    q_len, window, msl, hkv = 8, 0, 4096, 2
+    lens = [100, 3000, 500, 200]
+    y, cache, pt, seq = make_case(lens, hkv, q_len, seed=3)
+    _check_error_flags(A, y, cache, pt, seq, lens, hkv, q_len, window, msl, layout)
 
 
 # ----------------------------------------------------------------------------- FP8 (e4m3) cache
@@ -694,13 +700,4 @@ def test_fp8_error_flags_and_no_out_of_bounds(layout):
     q_len, window, msl, hkv = 8, 0, 1 << 15, 2
     lens = [100, 3000, 500, 200]
     y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=3, scales="none")
-    seq[1] = 40000          # > max_seq_len -> zeros + bit 1
-    seq[2] = 3              # < q_len       -> zeros + bit 1
-    pt[3, 5] = cache.shape[0] + 7   # bad page -> skipped + bit 2
-    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, layout=layout)
-    assert int(err.item()) == 3
-    assert torch.all(out[q_len:3 * q_len] == 0)
-    assert not torch.isnan(out[3 * q_len:]).any()
-    ref = attn2_f64(y[:q_len], cache, pt[:1], seq[:1], q_len=q_len, window=window, scale=SCALE)
-    assert check_close(out[:q_len], ref)[0] == 0
-    assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+    _check_error_flags(A, y, cache, pt, seq, lens, hkv, q_len, window, msl, layout)

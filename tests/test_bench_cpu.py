@@ -448,6 +448,19 @@ def test_fa3_contender_plumbing_with_a_stand_in(fa3_stand_in, dtype, q_len):
                                                      sets=1))
 
 
+def _record_inserts(monkeypatch, stock_triton) -> list:
+    """The projections y the stock path's Triton insert sees, in call order (the kernel's own y)."""
+    ys = []
+    insert = stock_triton.qk_norm_rope_insert
+
+    def recording(p, *args, **kw):
+        out = insert(p, *args, **kw)
+        ys.append(p.clone())
+        return out
+    monkeypatch.setattr(stock_triton, "qk_norm_rope_insert", recording)
+    return ys
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_stock_fa3_layer_with_a_stand_in(fa3_stand_in, monkeypatch, dtype):
     """stock(fa3) on the CPU through the stand-in: torch.matmul in cuBLAS's place, the Triton insert
@@ -461,14 +474,7 @@ def test_stock_fa3_layer_with_a_stand_in(fa3_stand_in, monkeypatch, dtype):
     case = LY.LayerCase(LY.C.Attn2Case("t", [40, 77], 0, 128, kv_heads=1, q_len=8, cache_dtype=dtype))
     inp = LY.build_layer(case, "cpu", 1, sets=1)
     pool = inp.kv.kv_cache.clone()
-    ys = []
-    insert = stock_triton.qk_norm_rope_insert
-
-    def recording(p, *args, **kw):
-        out = insert(p, *args, **kw)
-        ys.append(p.clone())
-        return out
-    monkeypatch.setattr(stock_triton, "qk_norm_rope_insert", recording)
+    ys = _record_inserts(monkeypatch, stock_triton)
     out = LY._stock_fa3(inp, "cpu")(0)
     y = ys[-1]
     rows = inserted_rows_f64(y.double(), 1).to(torch.bfloat16)              # the step's own k' | v
@@ -597,14 +603,7 @@ def test_stock_layer_with_a_flashinfer_stand_in(flashinfer_stand_in, monkeypatch
     case = LY.LayerCase(LY.C.Attn2Case("t", [40, 77], 0, 128, kv_heads=1, q_len=8, cache_dtype=dtype))
     inp = LY.build_layer(case, "cpu", 1, sets=2)
     pool = inp.kv.kv_cache.clone()
-    ys = []
-    insert = stock_triton.qk_norm_rope_insert
-
-    def recording(p, *args, **kw):
-        out = insert(p, *args, **kw)
-        ys.append(p.clone())
-        return out
-    monkeypatch.setattr(stock_triton, "qk_norm_rope_insert", recording)
+    ys = _record_inserts(monkeypatch, stock_triton)
     fn = LY._stock(inp, "cpu")
     raw = lambda t: t.view(torch.uint8) if dtype == "fp8" else t            # noqa: E731
     for i in range(2):

@@ -95,12 +95,18 @@ def call_qkv_front(fn, x, weight, positions, slots, cos_sin, kv_cache, y, error_
     cache's variant also takes the two scales, 1.0 where None)."""
     if cos_sin is None:
         cos_sin = runtime.dummy_tensor(x.device)
-    if kv_cache.dtype == torch.float8_e4m3fn:
-        one = runtime.dummy_tensor(x.device, shape=(1,), fill=1.0)
-        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag,
-           one if k_scale is None else k_scale.view(-1), one if v_scale is None else v_scale.view(-1), split)
-    else:   # a bf16 variant's scales are compile-time None: still two arguments of its signature
-        fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, None, None, split)
+    k_scale, v_scale = _scales(kv_cache.dtype == torch.float8_e4m3fn, x.device, k_scale, v_scale)
+    fn(x, weight, positions, slots, cos_sin, kv_cache, y, error_flag, k_scale, v_scale, split)
+
+
+def _scales(fp8: bool, device, k_scale, v_scale):
+    """A variant's k_scale and v_scale arguments: an FP8 cache's as 1-D fp32 tensors (1.0 where
+    None); a bf16 cache's variant compiled them as None, which are still two arguments of its
+    signature."""
+    if not fp8:
+        return None, None
+    one = runtime.dummy_tensor(device, shape=(1,), fill=1.0)
+    return (one if k_scale is None else k_scale.view(-1)), (one if v_scale is None else v_scale.view(-1))
 
 
 def launch_attn2(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, *, q_len: int,
@@ -127,13 +133,6 @@ def call_attn2(fn, cfg: Attn2Config, y, kv_cache, page_table, seq_lens, out, wor
     need = workspace_layout(cfg, seq_lens.shape[0], kv_cache.shape[1])[2]
     if workspace.numel() < need:
         raise ValueError(f"workspace: need {need} bytes for {seq_lens.shape[0]} requests, got {workspace.numel()}")
-    if cfg.fp8:
-        one = runtime.dummy_tensor(y.device, shape=(1,), fill=1.0)
-        k_scale = one if k_scale is None else k_scale.view(1) if k_scale.dim() == 0 else k_scale
-        v_scale = one if v_scale is None else v_scale.view(1) if v_scale.dim() == 0 else v_scale
-        fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, k_scale, v_scale, float(scale),
-           int(max_seq_len), wave_ctas(y.device))
-    else:
-        # a bf16 variant's scales are compile-time None: still two arguments of its signature
-        fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, None, None, float(scale),
-           int(max_seq_len), wave_ctas(y.device))
+    k_scale, v_scale = _scales(cfg.fp8, y.device, k_scale, v_scale)
+    fn(y, kv_cache, page_table, seq_lens, out, workspace, error_flag, k_scale, v_scale, float(scale),
+       int(max_seq_len), wave_ctas(y.device))
