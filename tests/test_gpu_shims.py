@@ -32,6 +32,8 @@ def _loaded():
 
 
 def _bits(t):
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8)
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
@@ -183,10 +185,15 @@ def test_gpu_shims_calls_outside_the_tables_go_to_python():
     x, w, positions, slots, _, cache = _front_case(8, 2, False, torch.int64, seed=23)
     fp8 = cache.to(torch.float8_e4m3fn)
     scale = torch.ones(2, device="cuda")
+    fp8_cpp, fp8_py = fp8.clone(), fp8.clone()
     with torch.inference_mode():
         cpp0, py0 = _counts("qkv_front")
-        torch.ops.muse.qkv_front(x, w, positions, slots, None, fp8, k_scale=scale, v_scale=scale)
-    assert _counts("qkv_front") == (cpp0, py0 + 1) and muse_ops.last_backend("qkv_front") == "reference"
+        y = torch.ops.muse.qkv_front(x, w, positions, slots, None, fp8_cpp, k_scale=scale, v_scale=scale)
+        # Python runs the FP8 cache on the CuTe DSL kernel's FP8 variant
+        assert _counts("qkv_front") == (cpp0, py0 + 1) and muse_ops.last_backend("qkv_front") == "cutedsl"
+        y_py = ops._run_qkv_front("cutedsl", x, w, positions, slots, None, fp8_py, scale, scale)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(y), _bits(y_py)) and torch.equal(_bits(fp8_cpp), _bits(fp8_py))
 
 
 def test_gpu_shims_development_library_times_the_fast_path(tmp_path):
