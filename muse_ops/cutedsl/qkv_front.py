@@ -169,31 +169,37 @@ class Ring:
     (64, 64) weight box per head h (sW box (s per_stage + j) heads + h) and the tile's (tokens, 64)
     x box (sX box s per_stage + j), both 128-byte swizzled (the canonical K-major wgmma layout).
     Per stage a full barrier (the producer's arrive and its TMA bytes) and an empty one (an arrive
-    per consumer warp); the n-th use of a stage is phase n % 2 of both. After the main loop the
-    ring's bytes are the split-K sum's landing zone (SplitK)."""
+    per consumer warp); the n-th use of a stage is phase n % 2 of both. With x multicast (peer >=
+    0) the pair's other CTA writes half of every stage's x, so a stage is empty once the consumer
+    warps of both CTAs have released it: each warp arrives on its own CTA's empty barrier and on
+    the peer's. After the main loop the ring's bytes are the split-K sum's landing zone (SplitK)."""
     full: cute.Pointer
     empty: cute.Pointer
     sW: cute.Tensor
     sX: cute.Tensor
     stages: cutlass.Constexpr[int]
+    peer: Int32                            # the pair's other CTA (its rank in the cluster)
+    multicast: cutlass.Constexpr[bool]
 
     @staticmethod
     def allocate(smem: SmemAllocator, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout,
-                 stages: int) -> "Ring":
+                 stages: int, peer: Int32, multicast: bool) -> "Ring":
         """The barriers, then the stages (x's right after the weight's)."""
         full = smem.allocate_array(Int64, stages, byte_alignment=8)
         empty = smem.allocate_array(Int64, stages, byte_alignment=8)
         sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
         sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
-        return Ring(full, empty, sW, sX, stages)
+        return Ring(full, empty, sW, sX, stages, peer, multicast)
 
     @cute.jit
     def init(self, consumer_warps: cutlass.Constexpr[int]):
-        """One lane of one warp, before the CTA's first barrier."""
+        """One lane of one warp, before the CTA's first barrier (a cluster barrier with multicast:
+        the peer's copies and arrives must find these initialised)."""
+        releases = consumer_warps * (2 if self.multicast else 1)
         with cute.arch.elect_one():
             for s in cutlass.range_constexpr(self.stages):
                 cute.arch.mbarrier_init(self.full + s, 1)
-                cute.arch.mbarrier_init(self.empty + s, consumer_warps)
+                cute.arch.mbarrier_init(self.empty + s, releases)
             cute.arch.mbarrier_init_fence()
 
     def landing_zone(self, floats: int) -> cute.Tensor:
@@ -212,21 +218,27 @@ class Ring:
 
     @cute.jit
     def release(self, s: Int32):
-        """A consumer warp's lane 0: its wgmmas no longer read stage s."""
+        """A consumer warp's lane 0: its wgmmas no longer read stage s (here, and with multicast
+        the peer may write its half of x into it)."""
         cute.arch.mbarrier_arrive(self.empty + s)
+        if const_expr(self.multicast):
+            cute.arch.mbarrier_arrive(self.empty + s, self.peer)
 
 
 @dataclass(frozen=True)
 class TmaLoads:
-    """The kernel's TMA atoms and their tensors: the weight, the whole tile's x, and the partial
-    tile's x boxes (one atom and tensor per size in QkvFrontConfig.x_part_boxes; none for tiles
-    that use none: each is a tensor map the launch builds and passes)."""
+    """The kernel's TMA atoms and their tensors: the weight, the whole tile's x, the partial
+    tile's x boxes (one atom and tensor per size in QkvFrontConfig.x_part_boxes), and with
+    x_multicast the whole tile's x multicast over the pair (one atom and tensor); none where a
+    variant uses none: each is a tensor map the launch builds and passes."""
     w: cute.CopyAtom
     mW: cute.Tensor
     x: cute.CopyAtom
     mX: cute.Tensor
     box_atoms: tuple
     box_tensors: tuple
+    mc_atoms: tuple
+    mc_tensors: tuple
 
     @cute.jit
     def prefetch(self):
@@ -234,6 +246,8 @@ class TmaLoads:
         cpasync.prefetch_descriptor(self.x)
         for box in self.box_atoms:
             cpasync.prefetch_descriptor(box)
+        for atom in self.mc_atoms:
+            cpasync.prefetch_descriptor(atom)
 
 
 @dataclass(frozen=True)
@@ -246,6 +260,36 @@ class XBoxes:
     rows: cutlass.Constexpr[int]
     count: Int32
     first: Int32
+
+
+@dataclass(frozen=True)
+class XMulticast:
+    """This CTA's half of a whole tile's x box (rows pair * size / 2 ..), multicast into the same
+    place of both CTAs of the pair (mask: their ranks in the cluster)."""
+    atom: cute.CopyAtom
+    tXs: cute.Tensor     # the ring's half boxes: (box, slot)
+    tXg: cute.Tensor     # x: (box, token tile, K tile)
+    mask: cutlass.Int16
+
+
+@dataclass(frozen=True)
+class ClusterPlace:
+    """Where the CTA sits in its cluster: the K split's rank, the pair of head groups (x
+    multicast; pair 0 without it), and whether its head group exists (a helper past the last
+    group of an odd count loads x for its pair and computes nothing anyone reads)."""
+    rank: Int32          # in the K split
+    split: Int32
+    pair: Int32          # 0 or 1: which CTA of the multicast pair
+    real: Int32          # 1: the head group exists
+
+    @cute.jit
+    def cluster_rank(self, rank: Int32, pair: Int32) -> Int32:
+        """The cluster rank of the CTA at (K split rank, pair): x fastest, then z."""
+        return rank + pair * self.split
+
+    @cute.jit
+    def peer(self) -> Int32:
+        return self.cluster_rank(self.rank, 1 - self.pair)
 
 
 @dataclass(frozen=True)
@@ -266,14 +310,16 @@ class Producer:
     tXs: cute.Tensor     # the ring's x boxes: (box, slot)
     tXg: cute.Tensor     # x: (box, token tile, K tile)
     boxes: tuple         # XBoxes per size of a partial tile's boxes; () for tiles of up to 32 tokens
+    multicast: tuple     # (XMulticast,) with x_multicast, else ()
     whole: Int32         # the tile loads x as one box (not partial, or no partial boxes)
+    has_weights: Int32   # 0: a helper CTA (ClusterPlace.real), which loads x alone
     step_bytes: Int32    # the TMA bytes of one K tile
     n_stages: Int32      # the stages of the rank's K tiles
     n_fill: Int32        # of them, the first use of each ring stage
 
     @staticmethod
     def create(cfg: QkvFrontConfig, tma: TmaLoads, ring: Ring, k_tiles: KTiles, tokens: TokenTile,
-               head_group: Int32) -> "Producer":
+               head_group: Int32, place: ClusterPlace) -> "Producer":
         size, heads = cfg.token_tile, cfg.heads_per_cta
         gW = cute.flat_divide(tma.mW, (HEAD_DIM, K_TILE))          # (64, 64, heads, 128)
         gX = cute.flat_divide(tma.mX, (size, K_TILE))               # (tokens, 64, token tiles, 128)
@@ -299,12 +345,21 @@ class Producer:
                 boxes.append(XBoxes(tma.box_atoms[i], tBs, tBg, rows, count, first))
                 left = left - count * rows
                 first = first + count * rows
+        multicast = []
+        if const_expr(cfg.x_multicast):
+            # a whole tile's x: this CTA's half of the box, multicast (a partial tile's boxes: each
+            # CTA loads its own, both in full)
+            gXm = cute.flat_divide(tma.mc_tensors[0], (size, K_TILE))
+            tXs_m, tXg_m = cpasync.tma_partition(tma.mc_atoms[0], place.pair, cute.make_layout(cfg.group_cluster),
+                                                 cute.group_modes(ring.sX, 0, 2), cute.group_modes(gXm, 0, 2))
+            mask = (1 << place.cluster_rank(place.rank, 0)) | (1 << place.cluster_rank(place.rank, 1))
+            multicast.append(XMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(mask)))
         whole = Int32(x_rows == size)
-        step_bytes = (heads * HEAD_DIM + x_rows) * K_TILE * 2
+        step_bytes = (heads * HEAD_DIM * place.real + x_rows) * K_TILE * 2
         n_stages = k_tiles.stages()
         n_fill = cutlass.min(n_stages, Int32(cfg.stages))
         return Producer(ring, k_tiles, tokens, head_group, heads, tma.w, tWs, tWg, tma.x, tXs, tXg, tuple(boxes),
-                        whole, step_bytes, n_stages, n_fill)
+                        tuple(multicast), whole, place.real, step_bytes, n_stages, n_fill)
 
     @cute.jit
     def issue(self, i: Int32, s: Int32, weights: cutlass.Constexpr[bool], x: cutlass.Constexpr[bool]):
@@ -318,23 +373,30 @@ class Producer:
             if self.k_tiles.holds(i, j):
                 kt = self.k_tiles.tile(i, j)
                 if const_expr(weights):
-                    for h in cutlass.range_constexpr(heads):
-                        cute.copy(self.tma_w, self.tWg[None, self.head_group * heads + h, kt],
-                                  self.tWs[None, (s * per_stage + j) * heads + h], tma_bar_ptr=self.ring.full + s)
+                    if self.has_weights != 0:
+                        for h in cutlass.range_constexpr(heads):
+                            cute.copy(self.tma_w, self.tWg[None, self.head_group * heads + h, kt],
+                                      self.tWs[None, (s * per_stage + j) * heads + h], tma_bar_ptr=self.ring.full + s)
                 if const_expr(x):
                     self.load_x(kt, s * per_stage + j, self.ring.full + s)
 
     @cute.jit
     def load_x(self, kt: Int32, slot: Int32, bar: cute.Pointer):
-        """K tile kt of the tile's x into ring slot `slot`: one box for a whole tile, else the
-        partial tile's boxes. Rows past x keep whatever the ring held: they only reach the wgmma
-        columns of tokens past M, which nothing stores."""
+        """K tile kt of the tile's x into ring slot `slot`: one box for a whole tile (with
+        multicast this CTA's half of it, into both CTAs of the pair), else the partial tile's
+        boxes. Rows past x keep whatever the ring held: they only reach the wgmma columns of tokens
+        past M, which nothing stores."""
         tile = self.tokens.index
         if const_expr(len(self.boxes) == 0):
             cute.copy(self.tma_x, self.tXg[None, tile, kt], self.tXs[None, slot], tma_bar_ptr=bar)
         else:
             if self.whole != 0:
-                cute.copy(self.tma_x, self.tXg[None, tile, kt], self.tXs[None, slot], tma_bar_ptr=bar)
+                if const_expr(len(self.multicast) > 0):
+                    mc = self.multicast[0]
+                    cute.copy(mc.atom, mc.tXg[None, tile, kt], mc.tXs[None, slot], tma_bar_ptr=bar,
+                              mcast_mask=mc.mask)
+                else:
+                    cute.copy(self.tma_x, self.tXg[None, tile, kt], self.tXs[None, slot], tma_bar_ptr=bar)
             else:
                 for box in self.boxes:
                     for b in cutlass.range(box.count, unroll=1):
@@ -385,15 +447,16 @@ class SplitK:
     owner's landing zone, at landing_offset(column, token % block) in it."""
     rank: Int32
     split: Int32
+    place: ClusterPlace  # the split's ranks are this pair's CTAs of the cluster
     sL: cute.Tensor      # this CTA's landing zone (fp32, over the ring)
     block: cutlass.Constexpr[int]
     heads: cutlass.Constexpr[int]
     slab_floats: cutlass.Constexpr[int]
 
     @staticmethod
-    def create(rank: Int32, split: Int32, ring: Ring, cfg: QkvFrontConfig) -> "SplitK":
-        return SplitK(rank, split, ring.landing_zone(cfg.landing_bytes // 4), cfg.owner_block, cfg.heads_per_cta,
-                      landing_slab_floats(cfg.owner_block))
+    def create(place: ClusterPlace, ring: Ring, cfg: QkvFrontConfig) -> "SplitK":
+        return SplitK(place.rank, place.split, place, ring.landing_zone(cfg.landing_bytes // 4), cfg.owner_block,
+                      cfg.heads_per_cta, landing_slab_floats(cfg.owner_block))
 
     def k_tiles(self, per_stage: int) -> KTiles:
         """The rank's K tiles [rank 128 / S, (rank + 1) 128 / S): a function of the split alone,
@@ -683,19 +746,28 @@ class QkvFrontSm90:
             box_layout = cute.tile_to_shape(atom, (rows, K_TILE, 1), (0, 1, 2))
             boxes.append(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
                                                      cute.slice_(box_layout, (None, None, 0)), (rows, K_TILE)))
+        # with x_multicast the whole tile's x box also as a multicast over the pair of head groups
+        multicast = []
+        pairs = self.cfg.group_cluster
+        if const_expr(self.cfg.x_multicast):
+            multicast.append(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SMulticastOp(), mX,
+                                                         cute.slice_(sX_layout, (None, None, 0)), (tokens, K_TILE),
+                                                         num_multicast=pairs))
         m = mX.shape[0]
-        head_groups = mW.shape[0] // (HEAD_DIM * heads)
+        # head groups rounded up to whole pairs (a helper CTA past an odd count: ClusterPlace)
+        head_groups = (mW.shape[0] // (HEAD_DIM * heads) + pairs - 1) // pairs * pairs
         # token tiles before head groups in launch order: the CTAs that read one head group's
         # weight rows run side by side, so the weight crosses from HBM once however many tiles
         # there are, even where it exceeds the L2 (Hkv >= 4) and the grid takes several waves
-        self.kernel(tma_w, mW_tma, tma_x, mX_tma, tuple(a for a, _ in boxes), tuple(t for _, t in boxes), mPos, mSlot,
+        self.kernel(tma_w, mW_tma, tma_x, mX_tma, tuple(a for a, _ in boxes), tuple(t for _, t in boxes),
+                    tuple(a for a, _ in multicast), tuple(t for _, t in multicast), mPos, mSlot,
                     mCS, mCache, mY, mErr, mKScale, mVScale, sW_layout, sX_layout, split).launch(
             grid=(split, (m + tokens - 1) // tokens, head_groups), block=(self.cfg.threads, 1, 1),
-            cluster=(split, 1, 1), stream=stream, use_pdl=self.cfg.pdl)
+            cluster=(split, 1, pairs), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
-               box_atoms: tuple, box_tensors: tuple, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
+               box_atoms: tuple, box_tensors: tuple, mc_atoms: tuple, mc_tensors: tuple, mPos: cute.Tensor, mSlot: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mY: cute.Tensor,
                mErr: cute.Tensor, mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
                sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout, split: Int32):
         """CTA (rank, tile, head_group): the K tiles of `rank` for the heads_per_cta heads from
@@ -705,25 +777,33 @@ class QkvFrontSm90:
         rank, tile, head_group = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self.stamp("entry")
+        multicast = self.cfg.x_multicast
+        place = ClusterPlace(rank, split, head_group % self.cfg.group_cluster,
+                             Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta)))
 
         # ---- shared memory: the ring, the tile's indices; after the main loop the ring is the
         # landing zone of the split-K sum
         smem = SmemAllocator()
-        ring = Ring.allocate(smem, sW_layout, sX_layout, self.stages)
+        ring = Ring.allocate(smem, sW_layout, sX_layout, self.stages, place.peer(), multicast)
         indices = TileIndices.allocate(smem, self.token_tile, self.rope)
-        split_k = SplitK.create(rank, split, ring, self.cfg)
-        tma = TmaLoads(tma_w, mW_tma, tma_x, mX_tma, box_atoms, box_tensors)
+        split_k = SplitK.create(place, ring, self.cfg)
+        tma = TmaLoads(tma_w, mW_tma, tma_x, mX_tma, box_atoms, box_tensors, mc_atoms, mc_tensors)
         if warp == self.producer_warp:
             tma.prefetch()
-            ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp
-        cute.arch.sync_threads()
+            ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA of a pair)
+        if const_expr(multicast):
+            # the pair's copies and arrives land in both CTAs' rings: every barrier initialised first
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
 
         # ---- main loop: the producer streams the rank's K tiles, the consumers accumulate them;
         # then every CTA's ring is drained and the consumers push their partials to the owners
         k_tiles = split_k.k_tiles(self.tiles_per_stage)
         tokens = TokenTile(tile, mY.shape[0], self.token_tile)
         if warp == self.producer_warp:
-            producer = Producer.create(self.cfg, tma, ring, k_tiles, tokens, head_group)
+            producer = Producer.create(self.cfg, tma, ring, k_tiles, tokens, head_group, place)
             self.produce(producer, indices, mPos, mSlot, mCS, mErr)
             self.rings_drained()
         else:
@@ -733,12 +813,13 @@ class QkvFrontSm90:
                 cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
             self.rings_drained()
             self.stamp("drained")
-            self.push_partial(acc, split_k, warp // 4, tidx % 128)
+            if place.real != 0:
+                self.push_partial(acc, split_k, warp // 4, tidx % 128)
         self.partials_landed()
         self.stamp("pushed")
 
-        # ---- epilogue: the owners' rows, summed, normed, stored
-        if warp < self.producer_warp:
+        # ---- epilogue: the owners' rows, summed, normed, stored (none in a helper CTA)
+        if warp < self.producer_warp and place.real != 0:
             if const_expr(self.cfg.pdl):
                 cute.arch.griddepcontrol_wait()   # before the first global access of these threads
             if const_expr(self.cfg.epilogue):
@@ -847,8 +928,8 @@ class QkvFrontSm90:
         coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
         magic = split_k.magic()
         # the landing zone's address in each rank's window (ranks past the split: the last one, unused)
-        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, cutlass.min(Int32(r), split_k.split - 1)).toint()
-                for r in range(MAX_K_SPLIT)]
+        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, split_k.place.cluster_rank(
+            cutlass.min(Int32(r), split_k.split - 1), split_k.place.pair)).toint() for r in range(MAX_K_SPLIT)]
         for group in cutlass.range_constexpr(cute.size(acc) // 4):   # column groups of 8 tokens
             for half in cutlass.range_constexpr(2):                   # row halves
                 i = 4 * group + 2 * half

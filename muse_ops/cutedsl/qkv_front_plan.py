@@ -85,6 +85,16 @@ TRIGGER_AT_LAST_LOAD_TILE = 64
 # these kernels run, was no slower at any Hkv measured (RESULTS.md).
 RELEASE_AT_ONCE_TILE = 16
 
+# Tiles of at least MULTICAST_FROM_TILE tokens load x once per pair of head groups
+# (QkvFrontConfig.x_multicast): the cluster is the K split times two head groups, each CTA of a
+# pair loads half of a K tile's x box and multicasts it into both, so a CTA reads half as much x
+# from the L2. The large tiles are bound by that traffic (RESULTS.md: the L2 cost of wave_tile);
+# the small ones stream the weight from HBM and gain nothing from it. Where the head groups are
+# odd (two-head tiles at an odd Hkv) the last pair has a helper CTA past the last group: it loads
+# its half of x and no weight, and stores nothing. Only the loads change: the same bits.
+MULTICAST_FROM_TILE = 128
+MULTICAST_GROUP = 2
+
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once. Above that a CTA
 # computes two heads, so x is read from L2 half as often (the large-M cases are L2-bandwidth
@@ -143,6 +153,13 @@ def k_split(kv_heads: int) -> int:
     if heads_ > SM_TARGET:
         return 2
     return next(s for s in (MAX_K_SPLIT, 2, 1) if heads_ * s <= SM_TARGET or s == 1)
+
+
+def launch_groups(kv_heads: int, heads_per_cta: int, group_cluster: int) -> int:
+    """The grid's head-group CTAs: the heads' groups, rounded up to whole clusters of
+    group_cluster (a helper CTA past the last group where they are odd)."""
+    groups = heads(kv_heads) // heads_per_cta
+    return -(-groups // group_cluster) * group_cluster
 
 
 def stage_bytes(token_tile: int, heads_per_cta: int, k_tiles_per_stage: int) -> int:
@@ -210,10 +227,16 @@ class QkvFrontConfig:
     owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
     stamps: int = 0       # development only: global address of the phase stamps (STAMP_PHASES); 0: none
     fp8: bool = False     # a float8_e4m3fn cache: the insert quantizes k' / k_scale and v / v_scale
+    x_multicast: bool = False   # x multicast over a pair of head groups (MULTICAST_FROM_TILE; see above)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
         return 128 * self.heads_per_cta + 32
+
+    @property
+    def group_cluster(self) -> int:
+        """Head groups per cluster: MULTICAST_GROUP with x_multicast, else 1."""
+        return MULTICAST_GROUP if self.x_multicast else 1
 
     @property
     def x_part_boxes(self) -> tuple[int, ...]:
@@ -243,6 +266,7 @@ class QkvFrontConfig:
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
         over.setdefault("owner_block", SMALL_TILE_OWNER_BLOCK if token_tile <= 16 else OWNER_BLOCK)
         over.setdefault("mma_lag", 0 if token_tile <= RELEASE_AT_ONCE_TILE else 1)
+        over.setdefault("x_multicast", token_tile >= MULTICAST_FROM_TILE)
         if stages is None:   # as deep as shared memory allows, up to 8 stages
             stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))
             stages = max(2, min(8, SMEM_LIMIT // stage))
