@@ -46,10 +46,14 @@ ATTN2_CASES = [(1, 512, 0), (1, 8192, 0), (8, 2048, 0), (8, 8192, 0), (8, 16384,
                # TP16 / TP4 / TP1 widths
                (1, 8192, 0, 8, 1), (1, 8192, 0, 8, 4), (1, 8192, 0, 8, 16),
                (32, 4096, 0, 8, 1), (32, 4096, 0, 8, 4), (32, 4096, 0, 8, 16)]
-QKV_CASES = [1, 8, 16, 64, 72, 136, 200, 256, 300, 512, 1024, (8, 1), (8, 4), (8, 16), (512, 4), (256, 16)]
+QKV_CASES = [1, 8, 16, 64, 72, 128, 136, 200, 256, 300, 512, 768, 1024, 1536, 2048, (8, 1), (8, 4), (8, 16),
+             (512, 1), (1024, 1), (512, 4), (1024, 4), (512, 8), (1024, 8), (256, 16), (512, 16), (1024, 16)]
 # M, or (M, Hkv); Hkv 2 otherwise; 72, 136, 200 and 300 (9, 17, 25 and 37.5 verify requests) end in a partial
 # token tile; (512, 4) and (256, 16): the verify batches of the B=64 and B=32 layer rows at TP4 / TP1, where
-# the K split is 1
+# the K split is 1; 128 to 2048 and (512 | 1024, Hkv): the serving batch sizes (16 to 256 verify requests)
+# --suite serving (issue 49): qkv_front from 128 tokens at every Hkv beside cuBLAS's matmul alone
+SERVING_QKV_CASES = [128, 256, 512, 768, 1024, 1536, 2048, (512, 1), (1024, 1), (512, 4), (1024, 4), (512, 8),
+                     (1024, 8), (256, 16), (512, 16), (1024, 16)]
 QUICK_CPU_ATTN2 = [(1, 64, 0), (2, 40, 16)]
 QUICK_CPU_QKV = [1, 8]
 QUICK_GPU_ATTN2 = [(1, 512, 0), (1, 8192, 0), (64, 8192, 2048), ("mixed64", 32768, 0)]

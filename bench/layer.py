@@ -44,6 +44,8 @@ LAYER_CASES = [(1, 8192, 0), (8, 8192, 0), (32, 8192, 0), (64, 8192, 0), (128, 8
 QUICK_GPU_LAYER = [(1, 8192, 0), (64, 8192, 0), (128, 16384, 2048)]
 # --suite fp8 (issue 48): B = 1, 8, 32, 64, 128 at L=8192, full and sliding
 FP8_LAYER_CASES = [(b, 8192, w) for w in (0, 2048) for b in (1, 8, 32, 64, 128)]
+# --suite serving (issue 49): B = 1 to 128 at L=8192, full and sliding, and TP1 (Hkv 16) B=32 L=4096
+SERVING_LAYER_CASES = [(b, 8192, w) for w in (0, 2048) for b in (1, 8, 32, 64, 128)] + [(32, 4096, 0, 8, 16)]
 PEERS_LAYER = ("stock",)
 
 

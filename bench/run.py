@@ -1,4 +1,4 @@
-"""python -m muse_ops bench [--device cuda|cpu] [--quick | --suite fp8] [--cache-dtype bf16,fp8] [--json PATH]
+"""python -m muse_ops bench [--device cuda|cpu] [--quick | --suite fp8 | --suite serving] [--cache-dtype bf16,fp8] [--json PATH]
                           [--markdown PATH] [--cases ...] [--contenders ...]
 
 The side-by-side table of docs/DESIGN.md section 14: each case timed by CUDA-graph replay over rotating
@@ -26,7 +26,9 @@ its floor counts the KV at 1 byte per element). Where both ran, a table sets eac
 its bf16 row (muse FP8 and its floor, muse bf16, the FP8 / bf16 speed-up, every FP8 peer) and the
 KV capacity table (tokens per layer in 80 and 141 GB) follows. --suite fp8: issue 48's case list
 (bench/cases.py FP8_ATTN2_CASES, bench/layer.py FP8_LAYER_CASES; no qkv_front, no chain);
-tools/bench_fp8_device.sh runs it on the GPU machine.
+tools/bench_fp8_device.sh runs it on the GPU machine. --suite serving: issue 49's case list
+(bench/cases.py SERVING_QKV_CASES beside cuBLAS's matmul alone, bench/layer.py SERVING_LAYER_CASES;
+no attn2, no chain).
 """
 from __future__ import annotations
 
@@ -458,8 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m muse_ops bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--quick", action="store_true", help="a few cases")
-    ap.add_argument("--suite", choices=("fp8",), default=None,
-                    help="a named case list: fp8 = issue 48's attn2 and layer cases (no qkv_front, no chain)")
+    ap.add_argument("--suite", choices=("fp8", "serving"), default=None,
+                    help="a named case list: fp8 = issue 48's attn2 and layer cases (no qkv_front, no chain); "
+                         "serving = issue 49's qkv_front and layer cases (no attn2, no chain)")
     ap.add_argument("--cache-dtype", default="bf16,fp8",
                     help="KV cache dtypes of the attn2 and layer cases, comma-separated: bf16, fp8 (default both)")
     ap.add_argument("--json", default=None, help="write the results as JSON here")
@@ -531,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         ops.discard("chain")
     elif a.suite == "fp8":
         attn_specs, qkv_specs, layer_specs = C.FP8_ATTN2_CASES, [], LY.FP8_LAYER_CASES
+        ops.discard("chain")
+    elif a.suite == "serving":
+        attn_specs, qkv_specs, layer_specs = [], C.SERVING_QKV_CASES, LY.SERVING_LAYER_CASES
         ops.discard("chain")
     elif a.quick:
         attn_specs, qkv_specs, layer_specs = C.QUICK_GPU_ATTN2, C.QUICK_GPU_QKV, LY.QUICK_GPU_LAYER

@@ -617,3 +617,22 @@ def test_stock_layer_with_a_flashinfer_stand_in(flashinfer_stand_in, monkeypatch
                         scale=case.attn.scale, k_scale=inp.kv.k_scale, v_scale=inp.kv.v_scale)
         rep = tolerance_report(out, ref)
         assert rep["ok"], rep
+
+
+def test_every_serving_suite_case_builds_on_the_cpu():
+    """--suite serving (issue 49): qkv_front from 128 to 2048 tokens at Hkv 2 and 512 / 1024 tokens
+    at Hkv 1, 4, 8, 16, each beside cuBLAS's matmul; the layer at B = 1 to 128 (L=8192, full and
+    sliding) and TP1 B=32 L=4096."""
+    from bench import cases as C, layer as LY
+    floors = {"hbm_tbps": 3.35, "tensor_tflops": 700.0, "node_us": 1.0}
+    qkv = [C.qkv_case(s) for s in C.SERVING_QKV_CASES]
+    names = {c.name for c in qkv}
+    assert {f"M={m}" for m in (128, 768, 1024, 1536, 2048)} <= names
+    assert {f"M={m} Hkv={h}" for m in (512, 1024) for h in (1, 4, 8, 16)} <= names
+    from bench import contenders
+    assert "cublas" in contenders.qkv_contenders("cuda")   # the matmul alone, timed beside every row
+    for c in qkv:
+        assert c.flops() == 2.0 * c.m * 8192 * 1152 * c.kv_heads
+        run.kernel_bound([(c.bytes(), c.flops())], floors)
+    layers = [LY.layer_case(s) for s in LY.SERVING_LAYER_CASES]
+    assert {"B=128 L=8192", "B=128 L=8192 W=2048", "B=32 L=4096 Hkv=16"} <= {c.name for c in layers}

@@ -23,6 +23,15 @@ def test_compile_every_variant(op, tmp_path, monkeypatch):
         assert launch.COMPILE[op](cfg) is not None, cfg
 
 
+def test_compile_development_variants(monkeypatch):
+    """qkv_front's development knobs (qkv_front_plan.dev_variants) compile too."""
+    monkeypatch.setenv("MUSE_OPS_CACHE_DIR", "off")
+    from muse_ops.cutedsl import qkv_front_plan
+    registry.family("qkv_front").kernel_module()
+    for cfg in qkv_front_plan.dev_variants():
+        assert launch.COMPILE["qkv_front"](cfg) is not None, cfg
+
+
 def test_import_changes_no_process_setting():
     env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
     code = ("import os, muse_ops, muse_ops.cutedsl.attn2, muse_ops.cutedsl.qkv_front; "

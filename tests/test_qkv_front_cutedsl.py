@@ -131,6 +131,61 @@ def test_bit_identical_across_m_and_runs(kv_heads, rope, cos_sin):
         assert torch.equal(y_t.view(torch.int16), y_all[:200].view(torch.int16)), (tile, hpc)
 
 
+SERVING_M = [1, 8, 16, 64, 128, 129, 256, 512, 1000, 2048]
+
+
+def _cache_rows(cache, kv_heads):
+    return cache.permute(0, 2, 1, 3).reshape(-1, kv_heads, 128)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4, 8, 16])
+def test_serving_sizes_bit_identical_and_float64(kv_heads, cos_sin):
+    """Serving batch sizes (issue 49): 2048 tokens against the float64 evaluation, then every M of
+    SERVING_M taken from them (a different place at each M) gives each token the same y and cache
+    bits into a NaN cache and y, writing only its own slots' rows."""
+    Q = _kernel()
+    big = SERVING_M[-1]
+    x, w, pos, slots, cache = make_inputs(big, kv_heads, seed=4900 + kv_heads, pad=big // 9)
+    before = cache.clone()
+    y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
+    check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
+    assert int(err.item()) == 0
+    rows_all = _cache_rows(cache, kv_heads)
+    for m in SERVING_M[:-1]:
+        start = (37 * m * kv_heads) % (big - m + 1)
+        part = slice(start, start + m)
+        cache_m = torch.full_like(cache, float("nan"))
+        y_m, err = run(Q, x[part].contiguous(), w, pos[part].contiguous(), slots[part].contiguous(), cos_sin, cache_m)
+        assert torch.equal(y_m.view(torch.int16), y_all[part].view(torch.int16)), (m, start)
+        s = slots[part].long()
+        s = s[s >= 0]
+        rows_m = _cache_rows(cache_m, kv_heads)
+        assert torch.equal(rows_m[s].view(torch.int16), rows_all[s].view(torch.int16)), (m, start)
+        untouched = torch.ones(rows_m.shape[0], dtype=torch.bool, device=DEV)
+        untouched[s] = False
+        assert bool(rows_m[untouched].isnan().all()), f"M={m}: rows outside its slots were written"
+        assert int(err.item()) == 0
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 3, 8])
+def test_x_multicast_knob_keeps_the_bits(kv_heads, cos_sin):
+    """The development knob x_multicast (qkv_front_plan.dev_variants) changes only how x is loaded:
+    the same bits as the default variant at a whole and a partial last tile, with a helper CTA
+    past an odd count of two-head groups (Hkv 1 and 3), and at K splits 3, 2 and 2."""
+    Q = _kernel()
+    x, w, pos, slots, cache = make_inputs(600, kv_heads, seed=4950 + kv_heads)
+    for tile, hpc, m in ((256, 2, 512), (256, 2, 600), (128, 1, 200)):
+        over = {"tile": (tile, hpc)}
+        caches = [torch.full_like(cache, float("nan")) for _ in range(2)]
+        y0, _ = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, caches[0],
+                    override=over)
+        y1, err = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, caches[1],
+                      override={**over, "x_multicast": True})
+        assert torch.equal(y0.view(torch.int16), y1.view(torch.int16)), (tile, hpc, m)
+        assert torch.equal(caches[0].view(torch.int16), caches[1].view(torch.int16)), (tile, hpc, m)
+        assert int(err.item()) == 0
+
+
 def test_error_flags_and_skipped_rows(cos_sin):
     """A slot past the cache is skipped (BAD_SLOT), a position past cos_sin reads row 0
     (BAD_POSITION); everything else is written as usual."""

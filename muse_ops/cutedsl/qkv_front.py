@@ -778,8 +778,11 @@ class QkvFrontSm90:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self.stamp("entry")
         multicast = self.cfg.x_multicast
-        place = ClusterPlace(rank, split, head_group % self.cfg.group_cluster,
-                             Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta)))
+        pair, real = Int32(0), Int32(1)    # without multicast every CTA's head group exists
+        if const_expr(multicast):
+            pair = head_group % self.cfg.group_cluster
+            real = Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta))
+        place = ClusterPlace(rank, split, pair, real)
 
         # ---- shared memory: the ring, the tile's indices; after the main loop the ring is the
         # landing zone of the split-K sum

@@ -85,14 +85,14 @@ TRIGGER_AT_LAST_LOAD_TILE = 64
 # these kernels run, was no slower at any Hkv measured (RESULTS.md).
 RELEASE_AT_ONCE_TILE = 16
 
-# Tiles of at least MULTICAST_FROM_TILE tokens load x once per pair of head groups
-# (QkvFrontConfig.x_multicast): the cluster is the K split times two head groups, each CTA of a
-# pair loads half of a K tile's x box and multicasts it into both, so a CTA reads half as much x
-# from the L2. The large tiles are bound by that traffic (RESULTS.md: the L2 cost of wave_tile);
-# the small ones stream the weight from HBM and gain nothing from it. Where the head groups are
-# odd (two-head tiles at an odd Hkv) the last pair has a helper CTA past the last group: it loads
-# its half of x and no weight, and stores nothing. Only the loads change: the same bits.
-MULTICAST_FROM_TILE = 128
+# x multicast over a pair of head groups (QkvFrontConfig.x_multicast; off by default, a development
+# knob): the cluster is the K split times two head groups; each CTA of a pair loads half of a K
+# tile's x box and multicasts it into both, so a CTA reads half as much x from the L2. Where the
+# head groups are odd (two-head tiles at an odd Hkv) the last pair has a helper CTA past the last
+# group: it loads its half of x and no weight, and stores nothing. Only the loads change, never the
+# bits. Off because it was slower or no faster where it mattered (RESULTS.md, 2026-12-06): a
+# cluster of 6 CTAs (Hkv 1 and 2, K split 3) holds only 102 CTAs on the GPU at once, and from 512
+# tokens the large tiles are not bound by the L2's x traffic at any Hkv.
 MULTICAST_GROUP = 2
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
@@ -227,7 +227,7 @@ class QkvFrontConfig:
     owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
     stamps: int = 0       # development only: global address of the phase stamps (STAMP_PHASES); 0: none
     fp8: bool = False     # a float8_e4m3fn cache: the insert quantizes k' / k_scale and v / v_scale
-    x_multicast: bool = False   # x multicast over a pair of head groups (MULTICAST_FROM_TILE; see above)
+    x_multicast: bool = False   # development: x multicast over a pair of head groups (MULTICAST_GROUP; see above)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
@@ -266,11 +266,12 @@ class QkvFrontConfig:
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
         over.setdefault("owner_block", SMALL_TILE_OWNER_BLOCK if token_tile <= 16 else OWNER_BLOCK)
         over.setdefault("mma_lag", 0 if token_tile <= RELEASE_AT_ONCE_TILE else 1)
-        over.setdefault("x_multicast", token_tile >= MULTICAST_FROM_TILE)
         if stages is None:   # as deep as shared memory allows, up to 8 stages
             stage = stage_bytes(token_tile, heads_per_cta, over.get("k_tiles_per_stage", 1))
             stages = max(2, min(8, SMEM_LIMIT // stage))
         cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)
+        # a multicast tile's partial last tile loads its own x in boxes (tiles of up to 32 tokens have none)
+        assert not cfg.x_multicast or cfg.x_part_boxes, f"{cfg}: x multicast needs a tile of 64 tokens or more"
         # the landing zone of the split-K sum reuses the ring once every CTA's main loop is done
         assert cfg.stages * cfg.stage_bytes >= cfg.landing_bytes, cfg
         assert cfg.stages * cfg.stage_bytes <= SMEM_LIMIT, f"{cfg}: the ring exceeds shared memory"
@@ -362,6 +363,13 @@ def ci_variants() -> list[QkvFrontConfig]:
     fp8 = [QkvFrontConfig.create(tile, hpc, rope, "int64", "int64", k_tiles_per_stage=kps, fp8=True)
            for _, tile, hpc, kps in TILES for rope in (False, True)]
     return bf16 + fp8
+
+
+def dev_variants() -> list[QkvFrontConfig]:
+    """Development knobs CI also compiles, so they keep compiling (no launch of the package takes
+    them, and the ahead-of-time library holds none): x_multicast at a one-head and a two-head tile."""
+    return [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True) for tile, hpc in
+            ((128, 1), (256, 2))]
 
 
 def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:
