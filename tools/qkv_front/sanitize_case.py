@@ -1,25 +1,50 @@
 """A small qkv_front case of each variant family for compute-sanitizer (memcheck, racecheck,
 synccheck): M = 3 (8-token tile), 40 (64), 100 (128, one head a CTA), 300 (192, two heads), each
 checked against float64; RoPE on, padding slots, Hkv 2 and 1 (3-CTA split-K clusters), and M = 40
-at Hkv 8 (2-CTA clusters, 288 CTAs). GPU machine: compute-sanitizer --tool memcheck python3
-tools/qkv_front/sanitize_case.py (PART=sanitize tools/device_run.sh runs every tool on both ops' cases)."""
+at Hkv 8 (2-CTA clusters, 288 CTAs); then an FP8 cache (M = 40 and 300, per-head scales), and the
+development knob x_multicast (clusters of 6 CTAs at Hkv 2, of 6 with a helper CTA at Hkv 1, of 2 at
+Hkv 4). GPU machine: compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
+(PART=sanitize tools/device_run.sh runs every tool on both ops' cases). SANITIZE_FROM=k starts at
+the k-th case (racecheck is slow: the rest of a run that timed out)."""
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-from test_qkv_front_cutedsl import POSITIONS, check_against_float64, make_inputs, run  # noqa: E402
+from test_qkv_front_cutedsl import (POSITIONS, _fp8_scales, check_against_float64, make_inputs, run,  # noqa: E402
+                                    run_fp8)
 
+from muse_ops.config import PAGE_SIZE  # noqa: E402
 from muse_ops.cutedsl import qkv_front as Q  # noqa: E402
 from muse_ops.reference import rope_cos_sin  # noqa: E402
+from muse_ops.testing import assert_close, fp8_rows, inserted_rows_f64, qkv_front_f64  # noqa: E402
 
 cs = rope_cos_sin(POSITIONS, device="cuda")
-for m, kv_heads in ((3, 2), (40, 2), (100, 1), (300, 2), (40, 8)):
+first = int(os.environ.get("SANITIZE_FROM", "0"))
+for i, (m, kv_heads, over) in enumerate( ((3, 2, None), (40, 2, None), (100, 1, None), (300, 2, None), (40, 8, None),
+                          (300, 2, {"x_multicast": True}), (300, 1, {"x_multicast": True}),
+                          (200, 4, {"x_multicast": True}))):
+    if i < first:
+        continue
     x, w, pos, slots, cache = make_inputs(m, kv_heads, seed=m, pad=m // 4)
     before = cache.clone()
-    y, err = run(Q, x, w, pos, slots, cs, cache)
+    y, err = run(Q, x, w, pos, slots, cs, cache, override=over)
     torch.cuda.synchronize()
     check_against_float64(x, w, pos, slots, cs, before, cache, y, kv_heads)
-    print(f"M={m} Hkv={kv_heads} ok, flag {int(err.item())}", flush=True)
+    print(f"M={m} Hkv={kv_heads} {over or ''} ok, flag {int(err.item())}", flush=True)
+for i, (m, kv_heads) in enumerate(((40, 2), (300, 2)), start=8):
+    if i < first:
+        continue
+    x, w, pos, slots, _ = make_inputs(m, kv_heads, seed=m + 1, pad=m // 4)
+    cache = torch.full((max(4, -(-2 * m // PAGE_SIZE)), kv_heads, PAGE_SIZE, 128), 0x7F, dtype=torch.uint8,
+                       device="cuda")
+    k_scale, v_scale = _fp8_scales("per_head", kv_heads)
+    y, err = run_fp8(x, w, pos, slots, cs, cache.view(torch.float8_e4m3fn), k_scale, v_scale)
+    torch.cuda.synchronize()
+    assert_close(y, qkv_front_f64(x, w, pos, cs, kv_heads), "y")
+    want = fp8_rows(inserted_rows_f64(y.double(), kv_heads).to(torch.bfloat16), k_scale, v_scale).view(torch.uint8)
+    keep = slots.long() >= 0
+    assert torch.equal(cache.permute(0, 2, 1, 3).reshape(-1, kv_heads, 128)[slots.long()[keep]], want[keep])
+    print(f"M={m} Hkv={kv_heads} fp8 ok, flag {int(err.item())}", flush=True)
 print("sanitize_case done")
