@@ -302,9 +302,10 @@ def wave_tile(m: int, kv_heads: int) -> tuple[int, int, int]:
     an SM, and a wave costs its tile's tokens plus TILE_FIXED_TOKENS. Where the weight fits the L2
     the grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x (the CTA's 128 weight rows
     + its tokens): its operands then all stream from the L2, and many small tiles are bound by
-    that traffic. The cost is computed in integers (x 10 SM_TARGET), as the C++ ops compute it.
-    Every tile gives a token the same bits, so the cost only decides the time; it picks the
-    fastest of the three tiles in every row measured (bench/RESULTS.md)."""
+    that traffic. The cost is computed in integers (x 10 SM_TARGET); the C++ ops look its choice
+    up in the tables Python hands them. Every tile gives a token the same bits, so the cost only
+    decides the time; it picks the fastest of the three tiles in every row measured
+    (bench/RESULTS.md)."""
     split, groups, l2_bound = k_split(kv_heads), heads(kv_heads) // 2, weight_fits_l2(kv_heads)
     best = None
     for _, tile, hpc, kps in TILES:
