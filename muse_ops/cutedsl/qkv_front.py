@@ -169,10 +169,11 @@ class Ring:
     (64, 64) weight box per head h (sW box (s per_stage + j) heads + h) and the tile's (tokens, 64)
     x box (sX box s per_stage + j), both 128-byte swizzled (the canonical K-major wgmma layout).
     Per stage a full barrier (the producer's arrive and its TMA bytes) and an empty one (an arrive
-    per consumer warp); the n-th use of a stage is phase n % 2 of both. With x multicast (peer >=
-    0) the pair's other CTA writes half of every stage's x, so a stage is empty once the consumer
-    warps of both CTAs have released it: each warp arrives on its own CTA's empty barrier and on
-    the peer's. After the main loop the ring's bytes are the split-K sum's landing zone (SplitK)."""
+    per consumer warp); the n-th use of a stage is phase n % 2 of both. With x multicast
+    (`multicast`) the pair's other CTA (`peer`) writes half of every stage's x, so a stage is
+    empty once the consumer warps of both CTAs have released it: each warp arrives on its own
+    CTA's empty barrier and on the peer's. After the main loop the ring's bytes are the split-K
+    sum's landing zone (SplitK)."""
     full: cute.Pointer
     empty: cute.Pointer
     sW: cute.Tensor

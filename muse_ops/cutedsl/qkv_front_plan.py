@@ -155,13 +155,6 @@ def k_split(kv_heads: int) -> int:
     return next(s for s in (MAX_K_SPLIT, 2, 1) if heads_ * s <= SM_TARGET or s == 1)
 
 
-def launch_groups(kv_heads: int, heads_per_cta: int, group_cluster: int) -> int:
-    """The grid's head-group CTAs: the heads' groups, rounded up to whole clusters of
-    group_cluster (a helper CTA past the last group where they are odd)."""
-    groups = heads(kv_heads) // heads_per_cta
-    return -(-groups // group_cluster) * group_cluster
-
-
 def stage_bytes(token_tile: int, heads_per_cta: int, k_tiles_per_stage: int) -> int:
     """Bytes of one ring stage: the heads' weight rows and x's tokens, k_tiles_per_stage K tiles."""
     return (heads_per_cta * HEAD_DIM + token_tile) * K_TILE * 2 * k_tiles_per_stage
