@@ -191,14 +191,21 @@ def _cos_sin(c: LayerCase, device):
     return rope_cos_sin(c.attn.max_seq_len, device=device)
 
 
+def _triton_front(inp: LayerInputs):
+    """What both stock paths take from their shared front (cuBLAS, then the Triton q/k-norm + RoPE
+    + insert): the attention case, its q heads and the insert's scales (FP8: quantizing); Absent
+    without Triton."""
+    a = inp.case.attn
+    if not stock_triton.HAVE_TRITON:
+        raise Absent(f"triton not importable ({stock_triton.TRITON_IMPORT_ERROR})")
+    insert_scales = {"k_scale": inp.kv.k_scale, "v_scale": inp.kv.v_scale} if a.fp8 else {}
+    return a, GROUP * a.kv_heads, insert_scales
+
+
 def _stock(inp: LayerInputs, device):
     """cuBLAS -> Triton q/k-norm + RoPE + insert (into FlashInfer's caches; FP8: quantizing) ->
     FlashInfer -> Triton norm-gate."""
-    c = inp.case
-    a = c.attn
-    if not stock_triton.HAVE_TRITON:
-        raise Absent(f"triton not importable ({stock_triton.TRITON_IMPORT_ERROR})")
-    hq = GROUP * a.kv_heads
+    a, hq, insert_scales = _triton_front(inp)
     try:
         scales = {}
         if a.fp8:
@@ -213,9 +220,8 @@ def _stock(inp: LayerInputs, device):
                                               **scales)
     except flashinfer_peer.Absent as exc:
         raise Absent(str(exc))
-    cos_sin = _cos_sin(c, device)
+    cos_sin = _cos_sin(inp.case, device)
     k_rows, v_rows = k_cache.transpose(1, 2), v_cache.transpose(1, 2)    # [page, row, head, 64] views
-    insert_scales = {"k_scale": inp.kv.k_scale, "v_scale": inp.kv.v_scale} if a.fp8 else {}
 
     def fn(i):
         y = torch.matmul(inp.xs[i], inp.weights[i].t())
@@ -240,11 +246,7 @@ def _stock_fa3(inp: LayerInputs, device):
     quantizing) -> FA3 (FP8: q cast to e4m3) -> Triton norm-gate."""
     from . import fa3_peer
     from .contenders import fa3_caches
-    c = inp.case
-    a = c.attn
-    if not stock_triton.HAVE_TRITON:
-        raise Absent(f"triton not importable ({stock_triton.TRITON_IMPORT_ERROR})")
-    hq = GROUP * a.kv_heads
+    a, hq, insert_scales = _triton_front(inp)
     try:
         fa3_peer.check_case(a.window)
         fa3_peer.interface()
@@ -257,8 +259,7 @@ def _stock_fa3(inp: LayerInputs, device):
     slots = fa3_slots(inp.kv.seq_lens, a.q_len, lmax)
     paged = [(t.view(-1, C.PAGE_SIZE, a.kv_heads, HEAD_DIM), u.view(-1, C.PAGE_SIZE, a.kv_heads, HEAD_DIM))
              for t, u in zip(k, v)]           # [B * Lmax / 16, 16, Hkv, 64]: the kernel's [page, row, head] addressing
-    cos_sin = _cos_sin(c, device)
-    insert_scales = {"k_scale": inp.kv.k_scale, "v_scale": inp.kv.v_scale} if a.fp8 else {}
+    cos_sin = _cos_sin(inp.case, device)
     e4m3 = torch.float8_e4m3fn
 
     def fn(i):

@@ -1,7 +1,10 @@
 """Random, realistic inputs for the ops: scattered pages in a pool whose unused pages and rows
 hold NaN (so a read outside a request shows up), q and k rms-normalised like qkv_front's output;
-and compiling with Inductor's caches off, for tests that read the generated code."""
+compiling with Inductor's caches off, for tests that read the generated code; and loading one of
+examples/ as a module."""
 import contextlib
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -48,3 +51,12 @@ def compile_caches_off():
     stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
     stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
     return stack
+
+
+def load_example(name: str):
+    """examples/<name>.py as a fresh module (the examples are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

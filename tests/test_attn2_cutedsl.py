@@ -118,15 +118,22 @@ CASES = [
 @pytest.mark.parametrize("q_len,window,hkv,lens", CASES)
 def test_matches_float64(q_len, window, hkv, lens):
     A = _kernel()
-    msl = 1 << 17
     y, cache, pt, seq = make_case(lens, hkv, q_len, seed=hash((q_len, window, hkv)) % 1000, window=window)
-    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl)
-    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE)
+    _check_against_float64(A, y, cache, pt, seq, len(lens), hkv, q_len, window, 1 << 17)
+
+
+def _check_against_float64(A, y, cache, pt, seq, num_requests, hkv, q_len, window, msl, k_scale=None,
+                           v_scale=None):
+    """One launch against float64 (over the dequantized cache where scales are given) at the
+    contract's tolerance, the error flag clear and the workspace's counters back at zero."""
+    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, k_scale=k_scale,
+                              v_scale=v_scale)
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=k_scale, v_scale=v_scale)
     nbad, mx, mean = check_close(out, ref)
     assert nbad == 0, f"{nbad} elements out of tolerance, max err {mx}"
     assert mean <= 2e-3, f"mean |err| {mean}"
     assert int(err.item()) == 0
-    assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+    assert counters_zero(A, ws, num_requests, hkv, q_len, window, msl)
 
 
 @gpu
@@ -543,17 +550,9 @@ def test_fp8_matches_float64(q_len, window, hkv, lens, scales):
     """An e4m3 cache (NaN byte 0x7F in unused pages and tail rows), per-tensor, per-head or no
     scales, against float64 over the dequantized cache, at the contract's tolerance."""
     A = _kernel()
-    msl = 1 << 15
     y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=hash((q_len, window, hkv)) % 1000 + 7,
                                               window=window, scales=scales)
-    out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, k_scale=ks,
-                              v_scale=vs)
-    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
-    nbad, mx, mean = check_close(out, ref)
-    assert nbad == 0, f"{nbad} elements out of tolerance, max err {mx}"
-    assert mean <= 2e-3, f"mean |err| {mean}"
-    assert int(err.item()) == 0
-    assert counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+    _check_against_float64(A, y, cache, pt, seq, len(lens), hkv, q_len, window, 1 << 15, ks, vs)
 
 
 @gpu

@@ -2,20 +2,14 @@
 requests joining and leaving through muse_ops.PageAllocator; compiled once (the batch is padded
 to a fixed size), and the compiled step agrees with the eager one. CPU (reference) here; the GPU
 run carries the gpu marker."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "speculative_verify.py"
+from scenario import load_example
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("speculative_verify", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("speculative_verify")
 
 
 def _run(device):

@@ -6,24 +6,19 @@ the run is bit-identical run to run and on every rank.
 
 CPU: T = 2 and 4 over gloo on the reference backend. GPU: T = 2, 4 and 8 over NCCL on the kernels,
 CUDA graphs with the all-reduce inside, where the machine has that many GPUs."""
-import importlib.util
 import os
 import socket
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tensor_parallel.py"
+from scenario import load_example
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("tensor_parallel", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("tensor_parallel")
 
 
 def _free_port() -> int:

@@ -446,9 +446,7 @@ class SplitK:
     block b by rank b % split as its (b // split)-th owned block; the partial from rank `source` for
     head h of an owner's o-th block lands in slab qkv_front_plan.landing_slab(o, source, h) of the
     owner's landing zone, at landing_offset(column, token % block) in it."""
-    rank: Int32
-    split: Int32
-    place: ClusterPlace  # the split's ranks are this pair's CTAs of the cluster
+    place: ClusterPlace  # the rank and the split; the split's ranks are this pair's CTAs of the cluster
     sL: cute.Tensor      # this CTA's landing zone (fp32, over the ring)
     block: cutlass.Constexpr[int]
     heads: cutlass.Constexpr[int]
@@ -456,8 +454,16 @@ class SplitK:
 
     @staticmethod
     def create(place: ClusterPlace, ring: Ring, cfg: QkvFrontConfig) -> "SplitK":
-        return SplitK(place.rank, place.split, place, ring.landing_zone(cfg.landing_bytes // 4), cfg.owner_block,
-                      cfg.heads_per_cta, landing_slab_floats(cfg.owner_block))
+        return SplitK(place, ring.landing_zone(cfg.landing_bytes // 4), cfg.owner_block, cfg.heads_per_cta,
+                      landing_slab_floats(cfg.owner_block))
+
+    @property
+    def rank(self) -> Int32:
+        return self.place.rank
+
+    @property
+    def split(self) -> Int32:
+        return self.place.split
 
     def k_tiles(self, per_stage: int) -> KTiles:
         """The rank's K tiles [rank 128 / S, (rank + 1) 128 / S): a function of the split alone,
