@@ -5,13 +5,10 @@ without CUDA / cutlass. One CPU test (no gpu marker, no cutlass) proves the kern
 bit recipe over every byte value by interpreting its PTX text."""
 from __future__ import annotations
 
-import ast
-import pathlib
 
 import pytest
 import torch
 
-import muse_ops.cutedsl
 from muse_ops.cutedsl import attn2_plan, dev, launch, qkv_front_plan
 
 from muse_ops.config import GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, proj_cols
@@ -430,114 +427,6 @@ def make_case_fp8(lens, hkv, q_len, *, scales="head", **kw):
     return y, to_fp8(cache, k_scale, v_scale), pt, seq, k_scale, v_scale
 
 
-# ---- the bit recipe, on the CPU: muse_ops/cutedsl/ptx.py's PTX text interpreted over every byte
-def _ptx_constants() -> dict:
-    """The module-level string constants of muse_ops/cutedsl/ptx.py, read without importing it
-    (it needs cutlass)."""
-    path = pathlib.Path(muse_ops.cutedsl.__file__).with_name("ptx.py")
-    tree = ast.parse(path.read_text())
-    return {node.targets[0].id: node.value.value for node in tree.body
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
-
-
-def _bf16_mul(a: int, b: int) -> int:
-    """mul.rn.bf16 of two bf16 bit patterns (IEEE, subnormals kept: HMUL2.BF16_V2 has no .FTZ; a
-    NaN operand gives a NaN): the exact product in float64, rounded to bf16 by torch (nearest even)."""
-    x = torch.tensor([a, b], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double()
-    p = (x[0] * x[1]).to(torch.bfloat16)
-    return int(p.view(torch.int16).item()) & 0xFFFF
-
-
-def _prmt(a: int, b: int, sel: int) -> int:
-    """prmt.b32 (default mode): byte i of d is byte (nibble i of sel) & 7 of {b, a}, or that
-    byte's sign replicated where the nibble's bit 3 is set."""
-    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-    d = 0
-    for i in range(4):
-        nib = (sel >> (4 * i)) & 0xF
-        byte = src[nib & 7]
-        if nib & 8:
-            byte = 0xFF if byte & 0x80 else 0
-        d |= byte << (8 * i)
-    return d
-
-
-def run_ptx(text: str, reads: list[int]) -> list[int]:
-    """Interpret one of ptx.py's inline-PTX blocks ({ .reg ..; op ..; .. }) on 32-bit integers:
-    {$rN} are reads[N], the {$wN} written are returned in order. Knows exactly the instructions
-    the e4m3 -> bf16 helper uses."""
-    body = text.strip()
-    assert body[0] == "{" and body[-1] == "}", text
-    regs: dict[str, int] = {}
-    writes: dict[int, int] = {}
-
-    def val(tok: str) -> int:
-        tok = tok.strip()
-        if tok.startswith("{$r"):
-            return reads[int(tok[3:-1])]
-        if tok in regs:
-            return regs[tok]
-        return int(tok, 0) & 0xFFFFFFFF
-
-    def put(tok: str, v: int):
-        tok = tok.strip()
-        if tok.startswith("{$w"):
-            writes[int(tok[3:-1])] = v & 0xFFFFFFFF
-        else:
-            regs[tok] = v & 0xFFFFFFFF
-
-    for stmt in body[1:-1].split(";"):
-        stmt = stmt.strip()
-        if not stmt or stmt.startswith(".reg"):
-            continue
-        op, rest = stmt.split(None, 1)
-        args = [t.strip() for t in rest.split(",")]
-        v = [val(t) for t in args[1:]]
-        if op == "mov.b32":
-            put(args[0], v[0])
-        elif op == "prmt.b32":
-            put(args[0], _prmt(v[0], v[1], v[2]))
-        elif op == "shl.b32":
-            put(args[0], v[0] << v[1])
-        elif op == "and.b32":
-            put(args[0], v[0] & v[1])
-        elif op == "or.b32":
-            put(args[0], v[0] | v[1])
-        elif op == "add.u32":
-            put(args[0], v[0] + v[1])
-        elif op == "mul.rn.bf16x2":
-            put(args[0], _bf16_mul(v[0] & 0xFFFF, v[1] & 0xFFFF) | _bf16_mul(v[0] >> 16, v[1] >> 16) << 16)
-        else:
-            raise AssertionError(f"run_ptx does not know {op!r}")
-    return [writes[i] for i in range(len(writes))]
-
-
-def test_fp8_e4m3_to_bf16_bit_recipe():
-    """CPU, no cutlass: the kernel's e4m3 -> bf16 conversion (ptx.E4M3X4_TO_BF16X4_PTX, as
-    KVRing.convert runs it on every 4 bytes) gives torch's bf16 of every e4m3 byte in every byte
-    position of a word: the same bits (signed zeros, subnormals, +-448 included), and a NaN for the
-    NaN bytes 0x7F / 0xFF."""
-    convert = _ptx_constants()["E4M3X4_TO_BF16X4_PTX"]
-    want = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.bfloat16)
-    want_bits = [int(b) & 0xFFFF for b in want.view(torch.int16).tolist()]
-    is_nan = [bool(n) for n in torch.isnan(want.float()).tolist()]
-    assert sum(is_nan) == 2 and is_nan[0x7F] and is_nan[0xFF]
-    seen = set()
-    for v in range(256):
-        bytes4 = [(v + 61 * i) % 256 for i in range(4)]       # every value once in every position
-        w = sum(b << (8 * i) for i, b in enumerate(bytes4))
-        lo, hi = run_ptx(convert, [w])
-        halves = [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
-        for i, (b, h) in enumerate(zip(bytes4, halves)):
-            if is_nan[b]:
-                assert (h >> 7) & 0xFF == 0xFF and h & 0x7F, (hex(b), hex(h))      # a bf16 NaN
-            else:
-                assert h == want_bits[b], (hex(b), i, hex(h), hex(want_bits[b]))
-            seen.add((b, i))
-    assert len(seen) == 256 * 4
-
-
 @gpu
 @pytest.mark.parametrize("q_len,window,hkv,lens,scales", [
     (8, 0, 2, [8, 9, 15, 16, 17, 100, 2047, 2048, 2049, 8192, 32000], "head"),
@@ -607,17 +496,21 @@ def test_fp8_deterministic_and_batch_invariant(q_len, window):
 @gpu
 def test_fp8_every_e4m3_value_through_v():
     """Every e4m3 byte as the only non-zero value of a request's only key (q_len 1, L 1: softmax
-    weight exactly 1, so o = [value, 0, .., 0] before the norm): the output follows the dequantized
-    value, subnormals (2^-9 ..) and +-448 included (a flushed or wrong conversion moves out[:, 0]
-    far beyond the tolerance: the norm scales the lone value up to about 8), and the NaN bytes 0x7F
-    / 0xFF give NaN rows."""
+    weight exactly 1, so o = [0, .., value, .., 0] before the norm), at V column r % 64 of
+    request r (every byte position of the conversion's words): the output follows the dequantized
+    value in that column and is exactly 0 in the others (a swapped byte or half moves it), with
+    subnormals (2^-9 ..) and +-448 (a flushed or wrong conversion moves the column far beyond the
+    tolerance: the norm scales the lone value up to about 8), and the NaN bytes 0x7F / 0xFF give
+    NaN rows."""
     A = _kernel()
     q_len, window, msl, hkv = 1, 0, 1 << 15, 1
     R = 256
     y = torch.randn(R, 1152 * hkv, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).cuda()
     y[:, (GROUP + 2) * HEAD_DIM:] = 0.0                       # gate 0: sigmoid 1/2
     cache = torch.zeros(R + 8, hkv, PAGE_SIZE, 2 * HEAD_DIM, dtype=torch.float8_e4m3fn, device="cuda")
-    cache.view(torch.uint8)[:R, 0, 0, HEAD_DIM] = torch.arange(R, dtype=torch.int32).to(torch.uint8).cuda()
+    rows = torch.arange(R, device="cuda")
+    column = rows % HEAD_DIM
+    cache.view(torch.uint8)[rows, 0, 0, HEAD_DIM + column] = rows.to(torch.uint8)
     pt = torch.full((R, 2), -1, dtype=torch.int32, device="cuda")
     pt[:, 0] = torch.arange(R, dtype=torch.int32, device="cuda")
     seq = torch.ones(R, dtype=torch.int32, device="cuda")
@@ -627,8 +520,44 @@ def test_fp8_every_e4m3_value_through_v():
     nan = torch.isnan(value)
     assert torch.isnan(out[nan]).all() and not torch.isnan(out[~nan]).any()
     assert check_close(out[~nan], ref[~nan])[0] == 0
-    assert torch.equal(out[~nan, 0] != 0, value[~nan] != 0)
+    heads = out.float().view(R, GROUP, HEAD_DIM)
+    at_column = heads[rows, :, column]                                   # [R, GROUP]
+    assert torch.equal((at_column[~nan] != 0).all(-1), value[~nan] != 0)
+    elsewhere = heads.clone()
+    elsewhere[rows, :, column] = 0.0
+    assert int((elsewhere[~nan] != 0).sum()) == 0
     assert int(err.item()) == 0 and counters_zero(A, ws, R, hkv, q_len, window, msl)
+
+
+@gpu
+@pytest.mark.parametrize("q_len", [8, 1])
+def test_fp8_q_of_any_magnitude(q_len):
+    """The f16 wgmmas see q scaled by the power of two of its tile (Attn2Sm90.load_query): q times
+    2^20 (beyond f16's range) or 2^-20 with the softmax scale divided by the same factor gives
+    the same logits, so the same bits as q itself; and a tile whose heads span 2^-12 .. 2^12
+    matches float64 at the contract's tolerance."""
+    A = _kernel()
+    window, msl, hkv = 0, 1 << 15, 2
+    lens = [q_len, 300, 5000, 12000]
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=41, scales="head")
+    kw = dict(q_len=q_len, window=window, max_seq_len=msl, k_scale=ks, v_scale=vs)
+    q_cols = GROUP * hkv * HEAD_DIM
+    base, _, err = run_kernel(A, y, cache, pt, seq, **kw)
+    assert check_close(base, attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks,
+                                       v_scale=vs))[0] == 0
+    for power in (20, -20):
+        scaled = y.clone()
+        scaled[:, :q_cols] = (y[:, :q_cols].float() * 2.0 ** power).to(torch.bfloat16)     # exact
+        out, _, _ = run_kernel(A, scaled, cache, pt, seq, scale=SCALE * 2.0 ** -power, **kw)
+        assert torch.equal(out.view(torch.int16), base.view(torch.int16)), power
+    spread = y.clone()
+    head_power = torch.linspace(-12, 12, GROUP * hkv).round().repeat_interleave(HEAD_DIM).to(y.device)
+    spread[:, :q_cols] = (y[:, :q_cols].float() * 2.0 ** head_power).to(torch.bfloat16)
+    out, _, _ = run_kernel(A, spread, cache, pt, seq, scale=SCALE * 2.0 ** -6, **kw)
+    ref = attn2_f64(spread, cache, pt, seq, q_len=q_len, window=window, scale=SCALE * 2.0 ** -6, k_scale=ks,
+                    v_scale=vs)
+    assert check_close(out, ref)[0] == 0
+    assert int(err.item()) == 0
 
 
 @gpu

@@ -24,8 +24,9 @@ Tensors (row-major, contiguous, 16-byte aligned; R requests, Hkv KV heads, Hq = 
                                                max_pages or outside [0, num_pages) (read as zeros,
                                                its keys masked)
 
-Constraints: a bf16 or an e4m3 cache (Attn2Config.fp8; q and every MMA stay bf16 with fp32
-accumulation: e4m3 pages are converted exactly to bf16 in shared memory before the wgmmas, KVRing);
+Constraints: a bf16 or an e4m3 cache (Attn2Config.fp8: e4m3 pages are converted exactly to f16
+in shared memory before the wgmmas, which then run in f16 with fp32 accumulation, q scaled by a
+power of two into f16 and P rounded to f16; KVRing, Attn2Sm90.load_query; never an FP8 MMA);
 head_dim 64, 8 query heads per KV head, 16-row pages (muse_ops.config); q_len 1 (decode) or 8
 (verify): the q_len * 8 query rows of a KV head fit one wgmma M of 64; max_seq_len up to 2^21
 (attn2_plan.can_implement); sm_90a (wgmma, TMA, clusters, PDL); one warpgroup (128 threads) per CTA.
@@ -54,7 +55,7 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64, Uint32, const_expr
+from cutlass import BFloat16, Float8E4M3FN, Float16, Float32, Int32, Int64, Uint32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cuda.bindings import driver as cuda
@@ -68,9 +69,9 @@ from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
                          workspace_bytes, workspace_layout)
-from .ptx import (add_rn, e4m3x4_to_bf16x4, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, ld_shared_v2_b32, mul_rn,
-                  pack_bf16x2, quad_max, quad_sum, select, set_error_bit, st_shared_v4_b32, sub_rn, wgmma_commit,
-                  wgmma_group)
+from .ptx import (add_rn, e4m3x4_to_f16x4, exponent_of, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, ld_shared_v2_b32,
+                  mul_rn, pack_bf16x2, pack_f16x2, pow2, quad_max, quad_sum, select, set_error_bit, st_shared_v4_b32,
+                  sub_rn, wgmma_commit, wgmma_group)
 
 LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30
@@ -348,14 +349,16 @@ class KVRing:
     page-table entries are staged in smem once (stage_page_table), the physical page or -1; a page
     marked -1 (past the request's last page, or invalid) is read at page index num_pages, outside
     the tensor map, so TMA fills zeros and still counts its bytes. After `ready(k)` the stage of
-    step k holds the step's K and V as bf16, the tail page's V rows >= L zeroed; sK / sV are what
+    step k holds the step's K and V as 16-bit values (fp8: f16), the tail page's V rows >= L
+    zeroed; sK / sV are what
     the wgmmas read. The rest of the kernel uses only these methods and views.
 
     An FP8 cache (cfg.fp8): the boxes are (16, 64) e4m3, 1 KB, unswizzled (64-byte rows), into a
     staging ring of `stages` stages (per stage the step's K pages, then its V pages: keys_per_step
-    rows of 64 bytes each); `ready(k)` then has every thread convert its share of the stage to bf16
-    (convert) into a single step buffer sK / sV laid out as one stage of the bf16 ring (so the
-    wgmmas, the masks and the softmax are those of bf16), and the tail page's V rows >= L are
+    rows of 64 bytes each); `ready(k)` then has every thread convert its share of the stage to f16
+    (convert) into a single step buffer sK / sV laid out as one stage of the bf16 ring (16-bit
+    values in the same swizzle, so the masks and the softmax are those of bf16; the wgmmas run in
+    f16), and the tail page's V rows >= L are
     written as zeros there instead of zero_tail_rows. A converted stage is free at once: the ring
     keeps `stages` steps in flight (cfg.steps_ahead), one more than bf16's, in about the bytes of
     bf16's (cfg.smem_bytes)."""
@@ -363,7 +366,7 @@ class KVRing:
     tKVg: cute.Tensor    # TMA view of the cache per box: (box, 1, K|V, Hkv, page)
     tKs: cute.Tensor     # the K ring per page box: (box, pages_per_step * stages) (fp8: the staging ring's)
     tVs: cute.Tensor     # the V ring, the same
-    sK: cute.Tensor      # (keys_per_step, 64, mma_stages) bf16, 128 B swizzle
+    sK: cute.Tensor      # (keys_per_step, 64, mma_stages) bf16 (fp8: f16), 128 B swizzle
     sV: cute.Tensor      # the same
     full: cute.Pointer   # mbarriers full[0 .. stages)
     sPT: cute.Tensor     # int32 [page_table_max]: the CTA's page-table entries (physical page or -1)
@@ -373,7 +376,7 @@ class KVRing:
     warp: Int32          # warp 0 issues the loads
     cfg: Attn2Config
     src8: Int32 | None   # fp8: shared address of this thread's first 8 bytes of staging stage 0
-    dst16: Int32 | None  # fp8: shared address of its first 16-byte bf16 piece in sK (128 B swizzle applied)
+    dst16: Int32 | None  # fp8: shared address of its first 16-byte f16 piece in sK (128 B swizzle applied)
 
     @staticmethod
     def make_tma(mCache: cute.Tensor, sPages_layout):
@@ -405,7 +408,7 @@ class KVRing:
             sKp = cute.make_tensor(s8.iterator, sPages_layout)
             sVp = cute.make_tensor(s8.iterator + cfg.pages_per_step * PAGE_SIZE * HEAD_DIM, sPages_layout)
             # chunk tidx + THREADS i of a stage: bytes 8 (tidx + THREADS i); its row of the step
-            # tidx // 8 (+ 16 per i), its columns 8 (tidx % 8) ..: the bf16 piece tidx % 8 of that
+            # tidx // 8 (+ 16 per i), its columns 8 (tidx % 8) ..: the f16 piece tidx % 8 of that
             # row, in the 128 B swizzle (16-byte piece ^= address bits 7..9, as CuTe addresses sK and
             # as TMA and wgmma read it; sK is 1 KB aligned)
             src8 = s8.iterator.toint() + cta.tidx * 8
@@ -537,10 +540,10 @@ class KVRing:
     @cute.jit
     def convert(self, k: Int32, stage: Int32, tail_lo: Int32):
         """fp8, every thread, step k (its staging stage landed): its 2 pages_per_step chunks of 8
-        e4m3 bytes -> bf16 in sK / sV, exact, NaN bytes included (e4m3x4_to_bf16x4: no branch).
+        e4m3 bytes -> f16 in sK / sV, exact, NaN bytes included (e4m3x4_to_f16x4: 4 cvt a chunk).
         Chunk tidx + THREADS i is bytes 8 (tidx + THREADS i) of the stage (a warp reads 256
         contiguous bytes), i.e. K (i < pages_per_step, else V), row tidx // 8 + 16 (i %
-        pages_per_step) of the step, columns 8 (tidx % 8) ..; it becomes the row's 16-byte bf16
+        pages_per_step) of the step, columns 8 (tidx % 8) ..; it becomes the row's 16-byte f16
         piece tidx % 8 (a quarter warp stores the 8 pieces of one row: no bank conflict, whatever
         the swizzle), 16 rows apart from the thread's other pieces of the half (the same row % 8, so
         the same swizzle: one address, dst16, plus constants). V rows >= L (row >= tail_lo - k
@@ -560,8 +563,8 @@ class KVRing:
             else:
                 if row0 + 16 * h < v_rows:
                     w0, w1 = ld_shared_v2_b32(src, i * THREADS * 8)
-            b0, b1 = e4m3x4_to_bf16x4(w0)
-            b2, b3 = e4m3x4_to_bf16x4(w1)
+            b0, b1 = e4m3x4_to_f16x4(w0)
+            b2, b3 = e4m3x4_to_f16x4(w1)
             st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
 
     @cute.jit
@@ -946,6 +949,9 @@ class Attn2Sm90:
         self.pages_per_step = cfg.pages_per_step
         self.keys_per_step = cfg.keys_per_step      # 16 * pages_per_step: the N of S = Q K^T
         self.stages = cfg.stages                    # KV ring stages
+        # the wgmmas' operand type: bf16, or f16 over an FP8 cache (e4m3 converts exactly to f16 in
+        # one cvt per two values; to bf16 it takes about 3 instructions a byte: ptx.e4m3x4_to_f16x4)
+        self.mma_dtype = Float16 if cfg.fp8 else BFloat16
         self.wide = cfg.wide                        # layout: a CTA per chunk (else per sub)
         self.cluster_size = cfg.cluster_size
         # the CTA folds its chunks in a second accumulator; a one-chunk CTA needs none, since
@@ -972,9 +978,9 @@ class Attn2Sm90:
                  stream: cuda.CUstream):
         num_requests = mSeq.shape[0]
         kv_heads = mCache.shape[1]
-        # K and V rings and Q: rows of 64 bf16 (128 B) in the 128 B swizzle, the canonical
+        # K and V rings and Q: rows of 64 16-bit values (128 B) in the 128 B swizzle, the canonical
         # K-major wgmma layout; V read through a transposed view is the MN-major B of P V
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype)
         sRing_layout = cute.tile_to_shape(atom, (self.keys_per_step, HEAD_DIM, self.cfg.mma_stages), (0, 1, 2))
         if const_expr(self.cfg.fp8):
             # e4m3 pages land unswizzled in the staging ring (KVRing.staging_layout)
@@ -1013,12 +1019,14 @@ class Attn2Sm90:
         # ---- shared memory
         smem = SmemAllocator()
         full = smem.allocate_array(Int64, self.stages, byte_alignment=8)   # one mbarrier per ring stage
-        sK = smem.allocate_tensor(BFloat16, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
-        sV = smem.allocate_tensor(BFloat16, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
-        sQ = smem.allocate_tensor(BFloat16, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
+        sK = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
+        sV = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
+        sQ = smem.allocate_tensor(self.mma_dtype, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
         s8 = None
-        if const_expr(self.cfg.fp8):   # the e4m3 staging ring (KVRing); sK / sV above are its bf16 step buffer
+        sQmax = None
+        if const_expr(self.cfg.fp8):   # the e4m3 staging ring (KVRing); sK / sV above are its f16 step buffer
             s8 = smem.allocate_tensor(Float8E4M3FN, cute.make_layout(self.cfg.staging_bytes), byte_alignment=1024)
+            sQmax = smem.allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
         sPT = smem.allocate_tensor(Int32, cute.make_layout(self.page_table_max), byte_alignment=16)
         sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
         sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
@@ -1057,10 +1065,12 @@ class Attn2Sm90:
                 # the first KV loads (warp 0) and Q go out together: their latencies overlap
                 ring.prologue(steps.count, tree.unwritten_steps(steps.page_base), False)
                 scale_qk = scale_log2
+                q_exp = self.load_query(mY, sQ, sQmax, cta)
                 if const_expr(self.cfg.fp8):
-                    # the key scale folds into the softmax's: (scale log2 e k_scale) (q . k8), fp32
-                    scale_qk = mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)])
-                self.load_query(mY, sQ, cta)
+                    # the key scale and q's power of two fold into the softmax's:
+                    # (scale log2 e k_scale 2^q_exp) (q 2^-q_exp . k8), fp32
+                    scale_qk = mul_rn(mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)]),
+                                      pow2(q_exp))
                 thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
                 self.trigger_dependents(cta, tree, wave_ctas)
 
@@ -1120,16 +1130,45 @@ class Attn2Sm90:
                 set_error_bit(mErr, BAD_SEQ_LEN)
 
     @cute.jit
-    def load_query(self, mY: cute.Tensor, sQ: cute.Tensor, cta: CtaPlace):
+    def load_query(self, mY: cute.Tensor, sQ: cute.Tensor, sQmax: cute.Tensor | None, cta: CtaPlace) -> Int32:
         """Every thread: the Q tile (row m = token * 8 + head; rows >= q_len * 8 zero) -> sQ, through
-        registers (_load_q), fenced for the async proxy of wgmma and published by a CTA barrier."""
+        registers (_load_q), fenced for the async proxy of wgmma and published by a CTA barrier.
+        Returns q_exp: 0, or with an FP8 cache (f16 wgmmas) the power of two sQ holds q in: sQ =
+        f16(q 2^-q_exp), q_exp = E - 15 for the tile's largest |q| in [2^E, 2^(E + 1)) (clamped to
+        [-120, 112]), so the largest lands in [2^15, 2^16), below f16's max, and every bf16 q down
+        to 2^-29 of it is exact in f16 (8 significant bits inside f16's normal range); smaller ones
+        round to f16's subnormals (an error below 2^-39 of the largest). The scaling is exact,
+        and the caller folds 2^q_exp into the logits' scale. The tile's max: the warps' maxima
+        (butterfly) through sQmax, one more CTA barrier."""
         qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
         _load_q(mY, qv, cta.request, cta.kv_head, cta.tidx, self.q_len)
+        q_exp = Int32(0)
+        if const_expr(self.cfg.fp8):
+            qf = cute.make_rmem_tensor(qv.layout, Float32)
+            qf.store(qv.load().to(Float32))
+            mx = Float32(0.0)
+            for i in cutlass.range_constexpr(cute.size(qv)):
+                mx = cute.arch.fmax(mx, cute.arch.fmax(qf[i], -qf[i]))
+            for offset in cutlass.range_constexpr(5):
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << offset))
+            if cta.lane == 0:
+                sQmax[cta.warp] = mx
+            cute.arch.sync_threads()
+            for w in cutlass.range_constexpr(THREADS // 32):
+                mx = cute.arch.fmax(mx, sQmax[w])
+            q_exp = cutlass.min(cutlass.max(exponent_of(mx) - 15, Int32(-120)), Int32(112))
+            down = pow2(-q_exp)
+            qh = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), Float16)
+            qh32 = cute.recast_tensor(qh, Uint32)
+            for i in cutlass.range_constexpr(cute.size(qv) // 2):
+                qh32[i] = pack_f16x2(mul_rn(qf[2 * i], down), mul_rn(qf[2 * i + 1], down))
+            qv = qh
         for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
             ci = cta.tidx + it * THREADS
             cute.autovec_copy(qv[None, it], cute.local_tile(sQ, (1, 8), (ci // 8, ci % 8))[0, None])
         cute.arch.fence_view_async_shared()    # sQ (generic stores) -> wgmma (async proxy)
         cute.arch.sync_threads()               # sQ visible
+        return q_exp
 
     @cute.jit
     def main_loop(self, ring: KVRing, sQ: cute.Tensor, tree: ReductionTree, steps: CtaSteps,
@@ -1140,7 +1179,7 @@ class Attn2Sm90:
         running chunk (l per lane) or the second accumulator (l summed). Expects sQ, sPT and the
         mbarriers published and the ring prologue issued; warp 0 keeps steps_ahead steps in flight.
         S = Q K^T is wgmma m64nNk16 (N = keys_per_step), Q and K from smem; O += P V is wgmma
-        m64n64k16 with P (bf16, packed cvt.rn.bf16x2) in registers -- the C layout of S is the A
+        m64n64k16 with P (bf16, packed cvt.rn.bf16x2; fp8: f16) in registers -- the C layout of S is the A
         layout of P V -- and V the MN-major B through a transposed view of the ring. Every wgmma
         group is waited for before its registers or smem are touched. On return the last wgmma
         groups were waited for, but other warps may still read the ring: a CTA barrier must
@@ -1148,10 +1187,10 @@ class Attn2Sm90:
         keys_per_step = self.keys_per_step
         stages = self.stages
         mma_qk = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K,
+            self.mma_dtype, self.mma_dtype, OperandMajorMode.K, OperandMajorMode.K,
             Float32, (1, 1, 1), (M_TILE, keys_per_step))
         mma_pv = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.MN,
+            self.mma_dtype, self.mma_dtype, OperandMajorMode.K, OperandMajorMode.MN,
             Float32, (1, 1, 1), (M_TILE, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM)
         thr_qk = mma_qk.get_slice(cta.tidx)
         thr_pv = mma_pv.get_slice(cta.tidx)
@@ -1228,9 +1267,13 @@ class Attn2Sm90:
             mask.apply(tSrS, tScS, inv, kbase)
             chunk.update(tSrS, corr, scale_log2)
 
-            # ---- P -> bf16 A fragment (the C layout of S is the A layout of P V); O += P V
+            # ---- P -> 16-bit A fragment (the C layout of S is the A layout of P V); O += P V.
+            # fp8: f16 (p <= 2^8: SoftmaxPartial.update), three more bits than bf16
             for q in cutlass.range_constexpr(cute.size(tOrP32)):
-                tOrP32[q] = pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
+                if const_expr(self.cfg.fp8):
+                    tOrP32[q] = pack_f16x2(tSrS[2 * q], tSrS[2 * q + 1])
+                else:
+                    tOrP32[q] = pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
             wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
 
             if const_expr(self.second_accumulator):

@@ -139,37 +139,41 @@ def pack_e4m3x4(a0: Float32, a1: Float32, a2: Float32, a3: Float32) -> Uint32:
         write_only_types=[Uint32], read_only_args=[a0, a1, a2, a3])
 
 
-# ---------------------------------------------------------------- e4m3 -> bf16 (an FP8 KV cache)
-# There is no e4m3 -> bf16 cvt on sm_90 (cvt.f16x2.e4m3x2 exists, but f16 -> bf16 then costs a
-# quarter-rate F2F per value). Every e4m3 value is exact in bf16, so the bits can be moved instead:
-# for a byte b = s eeee mmm, the half s 000 0eee emmm 0000 is bf16(value * 2^-120) for normals and
-# subnormals alike (the e4m3 exponent field lands in the bf16 one, bias 7 against 127), and one
-# mul.rn.bf16x2 by 2^120 (exact: the product is representable) makes it the value. sm_90's bf16
-# multiply keeps subnormal inputs (HMUL2.BF16_V2 without .FTZ), which the e4m3 subnormals are
-# before the multiply. prmt builds the halves: byte 0 of a half is b, byte 1 the sign of b
-# replicated (prmt's msb mode), so after the shift by 4 bit 15 is s and bits 14..12 and 3..0 are
-# cleared by the mask. The NaN byte (0x7F / 0xFF: s 1111 111) would come out as +-480, so its half
-# is set to 0xFFFF (a NaN; times 2^120 still NaN) before the multiply: bit 7 of (b & 0x7F) + 1 is
-# set exactly for it (no carry leaves a byte), and prmt's msb mode spreads that bit over the half,
-# which the mask's and.b32 / or.b32 pair (one LOP3) ORs in. No branch, 3 instructions a byte.
-# The PTX text is a module constant so that tests/test_attn2_cutedsl.py interprets exactly these
-# instructions over every byte value on the CPU (no cutlass needed there).
-E4M3X4_TO_BF16X4_PTX = (
-    "{ .reg .b32 w, a, b, t, n, s; mov.b32 w, {$r0}; "
-    "prmt.b32 a, w, 0, 0x9180; prmt.b32 b, w, 0, 0xB3A2; "     # [b0, sign(b0), b1, sign(b1)], [b2 .. b3 ..]
-    "shl.b32 a, a, 4; shl.b32 b, b, 4; "
-    "and.b32 t, w, 0x7F7F7F7F; add.u32 t, t, 0x01010101; "      # bit 7 of byte i: byte i is NaN
-    "prmt.b32 n, t, 0, 0x9988; and.b32 a, a, 0x87F087F0; or.b32 a, a, n; "   # value * 2^-120, NaN: 0xFFFF
-    "prmt.b32 n, t, 0, 0xBBAA; and.b32 b, b, 0x87F087F0; or.b32 b, b, n; "
-    "mov.b32 s, 0x7B807B80; mul.rn.bf16x2 a, a, s; mul.rn.bf16x2 b, b, s; "   # * 2^120, exact
-    "mov.b32 {$w0}, a; mov.b32 {$w1}, b; }")
+# ---------------------------------------------------------------- e4m3 -> f16 (an FP8 KV cache)
+@cute.jit
+def e4m3x4_to_f16x4(w: Uint32):
+    """Four e4m3 bytes (byte 0 lowest) -> (f16x2 of bytes 0, 1; f16x2 of bytes 2, 3), exact: every
+    e4m3 value, subnormals and +-448 included, is an f16 normal, and a NaN byte (0x7F / 0xFF) an
+    f16 NaN. One cvt.rn.f16x2.e4m3x2 per two bytes (the byte in the high half of its source
+    goes to the high half of its result), where an exact e4m3 -> bf16 takes about 3
+    instructions a byte on sm_90 (no such cvt; the f16 -> bf16 step is a quarter-rate F2F)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, {$r0}; "
+        "cvt.rn.f16x2.e4m3x2 {$w0}, lo; cvt.rn.f16x2.e4m3x2 {$w1}, hi; }",
+        write_only_types=[Uint32, Uint32], read_only_args=[w])
 
 
 @cute.jit
-def e4m3x4_to_bf16x4(w: Uint32):
-    """Four e4m3 bytes (byte 0 lowest) -> (bf16x2 of bytes 0, 1; bf16x2 of bytes 2, 3), exact, a
-    NaN byte (0x7F / 0xFF) a bf16 NaN (E4M3X4_TO_BF16X4_PTX)."""
-    return cute.arch.inline_ptx(E4M3X4_TO_BF16X4_PTX, write_only_types=[Uint32, Uint32], read_only_args=[w])
+def pack_f16x2(lo: Float32, hi: Float32) -> Uint32:
+    """f16(lo) in the low half, f16(hi) in the high half, round to nearest even (no satfinite)."""
+    # cvt.rn.f16x2.f32 d, a, b puts f16(a) in the HIGH half
+    return cute.arch.inline_ptx("cvt.rn.f16x2.f32 {$w0}, {$r0}, {$r1};",
+                                write_only_types=[Uint32], read_only_args=[hi, lo])
+
+
+@cute.jit
+def exponent_of(a: Float32) -> Int32:
+    """floor(log2 |a|) of a normal fp32 from its exponent field: -127 for zero and subnormals,
+    128 for inf and NaN."""
+    return cute.arch.inline_ptx("{ .reg .b32 t; mov.b32 t, {$r0}; bfe.u32 t, t, 23, 8; sub.s32 {$w0}, t, 127; }",
+                                write_only_types=[Int32], read_only_args=[a])
+
+
+@cute.jit
+def pow2(e: Int32) -> Float32:
+    """2^e as fp32 for -126 <= e <= 127 (the exponent field written directly: exact)."""
+    return cute.arch.inline_ptx("{ .reg .b32 t; add.s32 t, {$r0}, 127; shl.b32 {$w0}, t, 23; }",
+                                write_only_types=[Float32], read_only_args=[e])
 
 
 @cute.jit
