@@ -1264,8 +1264,17 @@ class Attn2Sm90:
                 cute.nvgpu.warpgroup.wait_group(0)
             else:
                 wgmma_group(atom_qk, tSrS, tSrQ, tSrK[None, None, None, mma_stage], True)
-            mask.apply(tSrS, tScS, inv, kbase)
-            chunk.update(tSrS, corr, scale_log2)
+            # decode (q_len 1): warps 1..3 hold rows 16 .. 63, all padding, whose q rows are zero
+            # (load_query): no softmax for them. Their logits, 0 (NaN against a NaN key), are
+            # their P; their O, m and l are never read (the merges and the writer take rows <
+            # q_len * 8 only, and their chunk folds are skipped too). Warp 0's rows run as before.
+            if const_expr(self.q_len == 1):
+                if cta.warp == 0:
+                    mask.apply(tSrS, tScS, inv, kbase)
+                    chunk.update(tSrS, corr, scale_log2)
+            else:
+                mask.apply(tSrS, tScS, inv, kbase)
+                chunk.update(tSrS, corr, scale_log2)
 
             # ---- P -> 16-bit A fragment (the C layout of S is the A layout of P V); O += P V.
             # fp8: f16 (p <= 2^8: SoftmaxPartial.update), three more bits than bf16
@@ -1280,7 +1289,11 @@ class Attn2Sm90:
                 if k + 1 == chunk_end:
                     chunk_lo = chunk_lo + 1
                     chunk_end = tree.chunk_end(chunk_lo, steps.first)
-                    partial.fold_in(chunk, fw)
+                    if const_expr(self.q_len == 1):
+                        if cta.warp == 0:
+                            partial.fold_in(chunk, fw)
+                    else:
+                        partial.fold_in(chunk, fw)
         return thr_pv, partial
 
     @cute.jit

@@ -1,6 +1,7 @@
 """attn2's timing cases on the GPU, for tools/attn2/ab.py and ncu_case.py: the kernel module
 (muse_ops' own, or the copy of attn2.py at ATTN2_FILE, compiled from its own source), a case's
-inputs with a cold KV cache (scattered pages in pools that together exceed 200 MB) and its
+inputs with a cold KV cache (scattered pages in pools that together exceed 200 MB; bf16, or e4m3
+with the override fp8=1) and its
 per-call time by CUDA-graph replay (bench.timing). ab.py sets A and KERNEL per variant."""
 import math
 import os
@@ -36,16 +37,19 @@ def build_case(B, L, window, q_len=8, hkv=2, lens=None, over=None, msl=1 << 18):
     a workspace sized for the layout the launch will use."""
     lens = lens or [L] * B
     over = dict(over or {})
+    fp8 = bool(over.get("fp8", False))      # an e4m3 cache (override fp8=1), scales None
     cfg = A.launch_config(B, hkv, q_len, window, msl, over)
     npg = [(l + 15) // 16 for l in lens]
     first = [max(0, l - q_len - window + 1) // 16 if window else 0 for l in lens]
     vis = sum(n - f for n, f in zip(npg, first))
-    pool_bytes = vis * hkv * 16 * 256
+    pool_bytes = vis * hkv * 16 * 128 * (1 if fp8 else 2)
     n_pools = max(1, min(16, math.ceil(200e6 / pool_bytes)))
     width = max(npg) + 1
     pools = []
     for i in range(n_pools):
         cache = torch.randn(vis + 8, hkv, 16, 128, device=dev, dtype=torch.bfloat16)
+        if fp8:
+            cache = cache.to(torch.float8_e4m3fn)
         perm = torch.randperm(vis + 8, device=dev).to(torch.int32)
         pt = torch.full((B, width), -1, dtype=torch.int32, device=dev)
         o = 0
