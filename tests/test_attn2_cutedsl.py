@@ -392,8 +392,9 @@ def test_error_flags_and_no_out_of_bounds(layout):
 
 # ----------------------------------------------------------------------------- FP8 (e4m3) cache
 # docs/DESIGN.md section 3b: key = float(e4m3) * k_scale, value = float(e4m3) * v_scale; the kernel
-# converts the e4m3 pages to bf16 in shared memory (exact) and runs the bf16 wgmmas, the scales in
-# fp32 (k_scale with the softmax scale, v_scale with 1 / l).
+# converts the e4m3 pages to f16 in shared memory (exact) and runs f16 wgmmas (q scaled into f16 by
+# its tile's power of two, P in f16), the scales in fp32 (k_scale with the softmax scale, v_scale
+# with 1 / l).
 FP8_NAN = 0x7F        # the e4m3 NaN byte the FP8 tests poison with
 
 

@@ -69,9 +69,9 @@ from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
                          workspace_bytes, workspace_layout)
-from .ptx import (add_rn, e4m3x4_to_f16x4, exponent_of, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4, ld_shared_v2_b32,
-                  mul_rn, pack_bf16x2, pack_f16x2, pow2, quad_max, quad_sum, select, set_error_bit, st_shared_v4_b32,
-                  sub_rn, wgmma_commit, wgmma_group)
+from .ptx import (add_rn, e4m3x4_to_f16x4, exponent_of, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4,
+                  ld_shared_v2_b32, mul_rn, pack_bf16x2, pack_f16x2, pow2, quad_max, quad_sum, select,
+                  set_error_bit, st_shared_v4_b32, sub_rn, wgmma_commit, wgmma_group)
 
 LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30

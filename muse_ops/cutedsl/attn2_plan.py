@@ -152,7 +152,7 @@ class Attn2Config:
     two_node_steps: int = TWO_NODE_STEPS   # ring steps from which a request has two nodes (node_count)
     ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
     early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
-    fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, converted to bf16 in smem (KVRing)
+    fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -199,7 +199,7 @@ class Attn2Config:
         return max(1, self.query_rows // self.cluster_size)
 
     @property
-    def mma_stages(self):      # bf16 K / V stages the wgmmas read: the ring's (bf16), one step buffer (fp8)
+    def mma_stages(self):      # 16-bit K / V stages the wgmmas read: the ring's (bf16), one step buffer (fp8)
         return 1 if self.fp8 else self.stages
 
     @property
@@ -274,7 +274,7 @@ class Attn2Config:
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
             if deeper.smem_bytes <= OCCUPANCY_SMEM_BYTES[ctas_per_sm]:
                 cfg = deeper
-        # the merge buffer (query rows x 64 fp32) reuses the K and V rings (fp8: the bf16 step buffer)
+        # the merge buffer (query rows x 64 fp32) reuses the K and V rings (fp8: the f16 step buffer)
         assert 2 * cfg.mma_stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         return cfg
