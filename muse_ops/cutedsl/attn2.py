@@ -70,7 +70,7 @@ from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_
                          deployment_variants, launch_config, split_plan, sub_chunks, wave_ctas,
                          workspace_bytes, workspace_layout)
 from .ptx import (add_rn, e4m3x4_to_f16x4, exponent_of, fma_rn, ld_dsmem_f32x2, ld_dsmem_f32x4,
-                  ld_shared_v2_b32, mul_rn, pack_bf16x2, pack_f16x2, pow2, quad_max, quad_sum, select,
+                  ld_shared_v2_b32, mul_rn, pack_x2, pow2, quad_max, quad_sum, select,
                   set_error_bit, st_shared_v4_b32, sub_rn, wgmma_commit, wgmma_group)
 
 LOG2E = 1.4426950408889634
@@ -952,6 +952,7 @@ class Attn2Sm90:
         # the wgmmas' operand type: bf16, or f16 over an FP8 cache (e4m3 converts exactly to f16 in
         # one cvt per two values; to bf16 it takes about 3 instructions a byte: ptx.e4m3x4_to_f16x4)
         self.mma_dtype = Float16 if cfg.fp8 else BFloat16
+        self.mma_kind = "f16" if cfg.fp8 else "bf16"    # its PTX name (ptx.pack_x2)
         self.wide = cfg.wide                        # layout: a CTA per chunk (else per sub)
         self.cluster_size = cfg.cluster_size
         # the CTA folds its chunks in a second accumulator; a one-chunk CTA needs none, since
@@ -1161,7 +1162,7 @@ class Attn2Sm90:
             qh = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), Float16)
             qh32 = cute.recast_tensor(qh, Uint32)
             for i in cutlass.range_constexpr(cute.size(qv) // 2):
-                qh32[i] = pack_f16x2(mul_rn(qf[2 * i], down), mul_rn(qf[2 * i + 1], down))
+                qh32[i] = pack_x2(mul_rn(qf[2 * i], down), mul_rn(qf[2 * i + 1], down), "f16")
             qv = qh
         for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
             ci = cta.tidx + it * THREADS
@@ -1279,10 +1280,7 @@ class Attn2Sm90:
             # ---- P -> 16-bit A fragment (the C layout of S is the A layout of P V); O += P V.
             # fp8: f16 (p <= 2^8: SoftmaxPartial.update), three more bits than bf16
             for q in cutlass.range_constexpr(cute.size(tOrP32)):
-                if const_expr(self.cfg.fp8):
-                    tOrP32[q] = pack_f16x2(tSrS[2 * q], tSrS[2 * q + 1])
-                else:
-                    tOrP32[q] = pack_bf16x2(tSrS[2 * q], tSrS[2 * q + 1])
+                tOrP32[q] = pack_x2(tSrS[2 * q], tSrS[2 * q + 1], self.mma_kind)
             wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
 
             if const_expr(self.second_accumulator):

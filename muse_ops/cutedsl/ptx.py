@@ -17,10 +17,11 @@ from cutlass import Float32, Int32, Uint32
 
 
 @cute.jit
-def pack_bf16x2(lo: Float32, hi: Float32) -> Uint32:
-    """bf16(lo) in the low half, bf16(hi) in the high half, round to nearest even (no satfinite)."""
-    # cvt.rn.bf16x2.f32 d, a, b puts bf16(a) in the HIGH half
-    return cute.arch.inline_ptx("cvt.rn.bf16x2.f32 {$w0}, {$r0}, {$r1};",
+def pack_x2(lo: Float32, hi: Float32, kind: cutlass.Constexpr[str]) -> Uint32:
+    """kind(lo) in the low half, kind(hi) in the high half, kind "bf16" or "f16", round to nearest
+    even (no satfinite)."""
+    # cvt.rn.bf16x2.f32 d, a, b (and .f16x2) puts a in the HIGH half
+    return cute.arch.inline_ptx(f"cvt.rn.{kind}x2.f32 {{$w0}}, {{$r0}}, {{$r1}};",
                                 write_only_types=[Uint32], read_only_args=[hi, lo])
 
 
@@ -151,14 +152,6 @@ def e4m3x4_to_f16x4(w: Uint32):
         "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, {$r0}; "
         "cvt.rn.f16x2.e4m3x2 {$w0}, lo; cvt.rn.f16x2.e4m3x2 {$w1}, hi; }",
         write_only_types=[Uint32, Uint32], read_only_args=[w])
-
-
-@cute.jit
-def pack_f16x2(lo: Float32, hi: Float32) -> Uint32:
-    """f16(lo) in the low half, f16(hi) in the high half, round to nearest even (no satfinite)."""
-    # cvt.rn.f16x2.f32 d, a, b puts f16(a) in the HIGH half
-    return cute.arch.inline_ptx("cvt.rn.f16x2.f32 {$w0}, {$r0}, {$r1};",
-                                write_only_types=[Uint32], read_only_args=[hi, lo])
 
 
 @cute.jit

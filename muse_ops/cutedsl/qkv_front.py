@@ -60,7 +60,7 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
-from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mul_rn, pack_bf16x2, pack_e4m3x4, select, set_error_bit,
+from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mul_rn, pack_e4m3x4, pack_x2, select, set_error_bit,
                   st_dsmem_f32x2)
 from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, STAMP_PHASES, STAMP_PRODUCER_PHASES,  # noqa: F401
                              STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
@@ -95,8 +95,9 @@ def _row_norm(v: cute.Tensor):
 def _store_row(addr: Int64, v: cute.Tensor):
     """bf16(v) (ROW_COLS fp32) as ROW_COLS * 2 bytes at a 16-byte aligned global address."""
     for q in cutlass.range_constexpr(ROW_COLS // 8):
-        _st_global_v4(addr + 16 * q, pack_bf16x2(v[8 * q], v[8 * q + 1]), pack_bf16x2(v[8 * q + 2], v[8 * q + 3]),
-                      pack_bf16x2(v[8 * q + 4], v[8 * q + 5]), pack_bf16x2(v[8 * q + 6], v[8 * q + 7]))
+        _st_global_v4(addr + 16 * q,
+                      pack_x2(v[8 * q], v[8 * q + 1], "bf16"), pack_x2(v[8 * q + 2], v[8 * q + 3], "bf16"),
+                      pack_x2(v[8 * q + 4], v[8 * q + 5], "bf16"), pack_x2(v[8 * q + 6], v[8 * q + 7], "bf16"))
 
 
 @cute.jit
