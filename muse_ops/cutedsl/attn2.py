@@ -112,6 +112,33 @@ def _load_q(mY: cute.Tensor, qv: cute.Tensor, request: Int32, kv_head: Int32, ti
                                                (kv_head * GROUP + qm % GROUP) * 8 + ci % 8))
             cute.autovec_copy(src[0, None], qv[None, it])
 
+@cute.jit
+def _q_to_f16(qv: cute.Tensor, sQmax: cute.Tensor, warp: Int32, lane: Int32):
+    """Every thread, its bf16 share qv of the Q tile: (f16(qv 2^-q_exp), q_exp), q_exp = E - 15
+    for the tile's largest |q| in [2^E, 2^(E + 1)), clamped to [-120, 112] (Attn2Sm90.load_query
+    says why). The tile's max: each warp's by butterfly, then the warps' through sQmax and a CTA
+    barrier."""
+    qf = cute.make_rmem_tensor(qv.layout, Float32)
+    qf.store(qv.load().to(Float32))
+    mx = Float32(0.0)
+    for i in cutlass.range_constexpr(cute.size(qv)):
+        mx = cute.arch.fmax(mx, cute.arch.fmax(qf[i], -qf[i]))
+    for offset in cutlass.range_constexpr(5):
+        mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << offset))
+    if lane == 0:
+        sQmax[warp] = mx
+    cute.arch.sync_threads()
+    for w in cutlass.range_constexpr(THREADS // 32):
+        mx = cute.arch.fmax(mx, sQmax[w])
+    q_exp = cutlass.min(cutlass.max(exponent_of(mx) - 15, Int32(-120)), Int32(112))
+    down = pow2(-q_exp)
+    qh = cute.make_rmem_tensor(qv.layout, Float16)
+    qh32 = cute.recast_tensor(qh, Uint32)
+    for i in cutlass.range_constexpr(cute.size(qv) // 2):
+        qh32[i] = pack_x2(mul_rn(qf[2 * i], down), mul_rn(qf[2 * i + 1], down), "f16")
+    return qh, q_exp
+
+
 # The folds of the reduction tree are explicit PTX (muse_ops.cutedsl.ptx): the same instructions
 # wherever a fold runs (a deep CTA's registers, a wide cluster's DSMEM merge, the level-2 merge),
 # so the bits match whichever CTA, thread or layout ran it.
@@ -1139,31 +1166,12 @@ class Attn2Sm90:
         [-120, 112]), so the largest lands in [2^15, 2^16), below f16's max, and every bf16 q down
         to 2^-29 of it is exact in f16 (8 significant bits inside f16's normal range); smaller ones
         round to f16's subnormals (an error below 2^-39 of the largest). The scaling is exact,
-        and the caller folds 2^q_exp into the logits' scale. The tile's max: the warps' maxima
-        (butterfly) through sQmax, one more CTA barrier."""
+        and the caller folds 2^q_exp into the logits' scale (_q_to_f16: one more CTA barrier)."""
         qv = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), BFloat16)
         _load_q(mY, qv, cta.request, cta.kv_head, cta.tidx, self.q_len)
         q_exp = Int32(0)
         if const_expr(self.cfg.fp8):
-            qf = cute.make_rmem_tensor(qv.layout, Float32)
-            qf.store(qv.load().to(Float32))
-            mx = Float32(0.0)
-            for i in cutlass.range_constexpr(cute.size(qv)):
-                mx = cute.arch.fmax(mx, cute.arch.fmax(qf[i], -qf[i]))
-            for offset in cutlass.range_constexpr(5):
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << offset))
-            if cta.lane == 0:
-                sQmax[cta.warp] = mx
-            cute.arch.sync_threads()
-            for w in cutlass.range_constexpr(THREADS // 32):
-                mx = cute.arch.fmax(mx, sQmax[w])
-            q_exp = cutlass.min(cutlass.max(exponent_of(mx) - 15, Int32(-120)), Int32(112))
-            down = pow2(-q_exp)
-            qh = cute.make_rmem_tensor(cute.make_layout((8, M_TILE * 8 // THREADS)), Float16)
-            qh32 = cute.recast_tensor(qh, Uint32)
-            for i in cutlass.range_constexpr(cute.size(qv) // 2):
-                qh32[i] = pack_x2(mul_rn(qf[2 * i], down), mul_rn(qf[2 * i + 1], down), "f16")
-            qv = qh
+            qv, q_exp = _q_to_f16(qv, sQmax, cta.warp, cta.lane)
         for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
             ci = cta.tidx + it * THREADS
             cute.autovec_copy(qv[None, it], cute.local_tile(sQ, (1, 8), (ci // 8, ci % 8))[0, None])
@@ -1230,6 +1238,11 @@ class Attn2Sm90:
             partial = SoftmaxPartial(acc_o, acc_m, acc_l)
         inv = cute.make_rmem_tensor(cute.make_layout(self.pages_per_step), Int32)
         mask = StepMask.create(self.cfg, tree.seq_len, cta.warp)
+        # whether this warp holds real query rows: always at q_len 8; at q_len 1 warp 0 only (its
+        # rows 0 .. 7; warps 1..3 hold padding rows, see the softmax below)
+        real_rows = Int32(1)
+        if const_expr(self.q_len == 1):
+            real_rows = Int32(cta.warp == 0)
         tail_lo = tree.seq_len - (steps.page_base * PAGE_SIZE)      # first row >= L, relative to the split
         tail_hi = (tree.last_page + 1 - steps.page_base) * PAGE_SIZE
 
@@ -1269,11 +1282,7 @@ class Attn2Sm90:
             # (load_query): no softmax for them. Their logits, 0 (NaN against a NaN key), are
             # their P; their O, m and l are never read (the merges and the writer take rows <
             # q_len * 8 only, and their chunk folds are skipped too). Warp 0's rows run as before.
-            if const_expr(self.q_len == 1):
-                if cta.warp == 0:
-                    mask.apply(tSrS, tScS, inv, kbase)
-                    chunk.update(tSrS, corr, scale_log2)
-            else:
+            if real_rows != 0:
                 mask.apply(tSrS, tScS, inv, kbase)
                 chunk.update(tSrS, corr, scale_log2)
 
@@ -1287,10 +1296,7 @@ class Attn2Sm90:
                 if k + 1 == chunk_end:
                     chunk_lo = chunk_lo + 1
                     chunk_end = tree.chunk_end(chunk_lo, steps.first)
-                    if const_expr(self.q_len == 1):
-                        if cta.warp == 0:
-                            partial.fold_in(chunk, fw)
-                    else:
+                    if real_rows != 0:
                         partial.fold_in(chunk, fw)
         return thr_pv, partial
 
