@@ -1,5 +1,6 @@
 """pip install -e .            the package (pure Python; runs on the reference backend anywhere)
 pip install -e .[cuda]      + nvidia-cutlass-dsl and apache-tvm-ffi for the CuTe DSL kernels (sm_90)
+pip install -e .[cuda13]    the same with the DSL's CUDA 13 toolkit too (used where the driver runs CUDA 13)
 pip install -e .[test]      + what the test suite needs (pytest, hypothesis, triton for the stock-path tests)
 pip install -e .[bench]     + pytest-benchmark (peers such as flash-attn-4 are optional)
 
@@ -89,6 +90,10 @@ setup(
     install_requires=["torch>=2.9", "numpy"],
     extras_require={
         "cuda": ["nvidia-cutlass-dsl==4.8.1", "apache-tvm-ffi>=0.1.15"],
+        # the same with the DSL's CUDA 13 toolkit beside its default CUDA 12 one: on a driver that
+        # runs CUDA 13 the DSL compiles with CUDA 13's ptxas, which makes the FP8 attn2 variants
+        # 3-11% faster (bench/RESULTS.md); elsewhere it keeps CUDA 12's
+        "cuda13": ["nvidia-cutlass-dsl[cu13]==4.8.1", "apache-tvm-ffi>=0.1.15"],
         # triton runs the stock-path epilogues of tests/test_stock_triton.py (its interpreter on a CPU);
         # its wheels declare no dependency on torch, so this never pulls another torch
         "test": ["pytest>=8", "hypothesis>=6.100", "triton>=3.2; platform_system == 'Linux'"],

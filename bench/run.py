@@ -91,12 +91,16 @@ def environment(device) -> dict:
         env.update(gpu=None, driver=None, cpu=platform.processor() or platform.machine())
     try:
         import cutlass
+        from muse_ops.cutedsl.compile_cache import dsl_toolkit
         env["cutedsl"] = getattr(cutlass, "__version__", None)
         if env["cutedsl"] is None:
             from importlib.metadata import version
             env["cutedsl"] = version("nvidia-cutlass-dsl")
+        env["cutedsl"] += f" ({dsl_toolkit()})"     # the CUDA toolkit flavor whose ptxas compiles
     except Exception as exc:
         env["cutedsl"] = f"absent ({type(exc).__name__})"
+    from muse_ops.cutedsl import aot
+    env["aot"] = aot.status()      # the ahead-of-time library in use (and the flavor it was built by), or why none
     env["fa4"] = K.fa4_version() or "absent"
     env["flashinfer"] = flashinfer_peer.version() or "absent"
     env["fa3"] = fa3_peer.version() or "absent"
@@ -410,7 +414,8 @@ def render_markdown(result: dict) -> str:
              f"GPU {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, "
              f"CuTe DSL {env.get('cutedsl')}, FA4 {env.get('fa4')}, FlashInfer {env.get('flashinfer')}, "
              f"FA3 {env.get('fa3', 'absent')}, Triton {env.get('triton')}, "
-             f"commit {env.get('commit')}, kernel sources {env.get('kernel_sources')}.", ""]
+             f"commit {env.get('commit')}, kernel sources {env.get('kernel_sources')}, "
+             f"ahead-of-time library {env.get('aot', 'not recorded')}.", ""]
     if fl:
         rate = f"; bf16 matmul {fl['tensor_tflops']:.0f} TFLOPS" if fl.get("tensor_tflops") else ""
         lines += [f"Measured: HBM copy {fl['hbm_tbps']:.2f} TB/s{rate}; one CUDA-graph node {fl['node_us']:.2f} us.", ""]

@@ -43,8 +43,9 @@ def test_library_holds_each_variant_under_its_own_symbol(library):
     lib, keys = library
     manifest = json.loads(lib.with_suffix(".json").read_text())
     from muse_ops.cutedsl import aot
-    from muse_ops.cutedsl.compile_cache import source_fingerprint
+    from muse_ops.cutedsl.compile_cache import dsl_toolkit, source_fingerprint
     assert manifest["fingerprint"] == source_fingerprint() and manifest["arch"] == "sm_90a"
+    assert manifest["cuda_toolkit"] == dsl_toolkit() and manifest["cuda_toolkit"] in ("cu12", "cu13")
     assert sorted(manifest["entries"]) == sorted(repr(k) for k, _, _ in keys)
     assert len(set(manifest["entries"].values())) == len(keys)
     nm = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
@@ -58,6 +59,7 @@ def test_served_without_the_dsl(library):
     code = f"""
 from muse_ops.cutedsl import aot, compile_cache, launch, runtime, qkv_front_plan, attn2_plan
 assert runtime.import_error() is not None and aot.available(), (runtime.import_error(), aot.status())
+assert "built by the DSL's cu1" in aot.status(), aot.status()
 keys = {[repr(k) for k, _, _ in keys]!r}
 q = qkv_front_plan.QkvFrontConfig.create(8, 1, True, "int64", "int64", k_tiles_per_stage=4)
 a = attn2_plan.deployment_variants(2, 8, 0, 8192)[0]
@@ -98,3 +100,19 @@ def test_no_library_configured_says_so():
         if old is not None:
             os.environ[aot.LIBRARY_ENV] = old
         aot.reset()
+
+
+def test_disk_cache_keys_on_the_dsl_toolkit(monkeypatch):
+    """The DSL's CUDA 12 and CUDA 13 flavors compile different machine code of one kernel (their
+    ptxas): a cache filled by one is never served to the other."""
+    from muse_ops.cutedsl import compile_cache
+    assert compile_cache.dsl_toolkit() in ("cu12", "cu13")
+    seen = {}
+    try:
+        for flavor in ("cu12", "cu13"):
+            monkeypatch.setattr(compile_cache, "dsl_toolkit", lambda f=flavor: f)
+            compile_cache.fingerprint.cache_clear()
+            seen[flavor] = compile_cache.fingerprint()
+    finally:
+        compile_cache.fingerprint.cache_clear()
+    assert seen["cu12"] != seen["cu13"]

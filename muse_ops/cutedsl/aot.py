@@ -7,7 +7,10 @@ Build it where the DSL is installed (a CPU machine will do: the kernels compile 
     python -m muse_ops.cutedsl.aot build DIR [--runtime]
 
 DIR then holds `libmuse_kernels_sm90a.so` and its manifest `libmuse_kernels_sm90a.json` (the
-variants it holds, and the fingerprint of the kernel sources they were built from); with
+variants it holds, the fingerprint of the kernel sources they were built from, and the DSL's CUDA
+toolkit flavor that compiled them: build with `nvidia-cutlass-dsl[cu13]` for machines whose
+driver runs CUDA 13, whose ptxas makes the FP8 attn2 variants faster; on a machine without a
+driver the DSL takes the newest flavor installed); with
 --runtime also the DSL's runtime library `libcute_dsl_runtime.so`, which the kernels call
 (found next to the library through its RUNPATH; otherwise on the loader's path). Run with
 
@@ -120,7 +123,7 @@ def _library() -> _Library:
         lib.why = f"{path}: failed to load ({type(exc).__name__}: {exc})"
         return lib
     lib.path, lib.entries = path, manifest["entries"]
-    lib.why = f"{path} ({len(lib.entries)} variants)"
+    lib.why = f"{path} ({len(lib.entries)} variants, built by the DSL's {manifest.get('cuda_toolkit', '?')})"
     return lib
 
 
@@ -183,7 +186,7 @@ def build(directory, with_runtime: bool = False, keys=None, log=print) -> Path:
     import tvm_ffi
     from cutlass.cute.export import aot_config
     from . import attn2, qkv_front
-    from .compile_cache import source_fingerprint
+    from .compile_cache import dsl_toolkit, source_fingerprint
     from .runtime import COMPILE_ARCH
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -209,7 +212,9 @@ def build(directory, with_runtime: bool = False, keys=None, log=print) -> Path:
         subprocess.run(cmd, check=True)
     manifest = {"format": FORMAT, "fingerprint": source_fingerprint(), "arch": COMPILE_ARCH,
                 "cutlass": getattr(cutlass, "__version__", "?"), "tvm_ffi": getattr(tvm_ffi, "__version__", "?"),
-                "runtime": RUNTIME_NAME, "entries": entries}
+                # the toolkit flavor whose ptxas made the code (compile_cache.dsl_toolkit); with
+                # --runtime its runtime library comes along, and a cu13 one needs a CUDA 13 driver
+                "cuda_toolkit": dsl_toolkit(), "runtime": RUNTIME_NAME, "entries": entries}
     manifest_path(library).write_text(json.dumps(manifest, indent=1) + "\n")
     shims_table_path(library).write_text(shims_table(entries))
     if with_runtime:

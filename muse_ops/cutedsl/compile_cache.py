@@ -5,7 +5,9 @@ machine: the compiled object is exported as a relocatable object file (the DSL's
 and a later process loads it in milliseconds instead of tracing and compiling it again (1-3 s a
 variant). The file name hashes the variant's key (the family, its compile-time parameters, the
 compile options) and the directory is named by a fingerprint of everything that could change the
-code: every source file of this package's `cutedsl/` folder, the cutlass DSL and TVM-FFI versions. Any edit of a kernel therefore lands in a new directory, and nothing stale is loaded.
+code: every source file of this package's `cutedsl/` folder, the cutlass DSL and TVM-FFI versions
+and the CUDA toolkit flavor the DSL loaded (dsl_toolkit). Any edit of a kernel therefore lands in
+a new directory, and nothing stale is loaded.
 
 Several processes may compile the same variant at once (a multi-GPU server starting, the test
 workers): each entry is written to a private temporary file and renamed into place under an
@@ -68,6 +70,20 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:24]
 
 
+def dsl_toolkit() -> str:
+    """The CUDA toolkit flavor of the CuTe DSL this process loaded: "cu12" or "cu13" (the DSL
+    loads the newest flavor installed that the driver supports: `nvidia-cutlass-dsl` brings cu12,
+    its extra `cu13` adds cu13), "?" where it cannot tell. The flavor's ptxas makes the machine
+    code, and the two make different code of the same kernel: the FP8 attn2 variants, at the
+    register limit, run 3-11% faster built by cu13's (bench/RESULTS.md, thirty-fifth session)."""
+    import re
+    import sys
+    import cutlass  # noqa: F401  (loads the flavor's _cutlass_ir module)
+    module = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
+    match = re.search(r"\.cu(\d+)\.", os.path.basename(getattr(module, "__file__", None) or ""))
+    return f"cu{match.group(1)}" if match else "?"
+
+
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
     """Hash of the kernel sources and the toolchain versions (computed once per process)."""
@@ -75,8 +91,9 @@ def fingerprint() -> str:
     import tvm_ffi
     h = hashlib.sha256()
     # no Python version: an exported object is C (TVM-FFI ABI), so a cache built by one Python
-    # (or on a CPU machine, for sm_90a) serves another
-    h.update(f"cutlass={getattr(cutlass, '__version__', '?')} tvm_ffi={getattr(tvm_ffi, '__version__', '?')}".encode())
+    # (or on a CPU machine, for sm_90a) serves another; the toolkit flavor: another ptxas
+    h.update(f"cutlass={getattr(cutlass, '__version__', '?')} tvm_ffi={getattr(tvm_ffi, '__version__', '?')} "
+             f"toolkit={dsl_toolkit()}".encode())
     _hash_sources(h)
     return h.hexdigest()[:24]
 
