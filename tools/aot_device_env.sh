@@ -1,7 +1,9 @@
 # Source on the GPU machine (instead of .device/prelude.sh) to run from the ahead-of-time kernel
 # library with the CuTe DSL absent: only the TVM-FFI wheels and .device-aot/aot.tar.xz (the library,
 # its manifest and the DSL's runtime library; built on a CPU machine with
-# `python -m muse_ops.cutedsl.aot build DIR --runtime`, then `tar -cJf .device-aot/aot.tar.xz -C DIR .`;
+# `python -m muse_ops.cutedsl.aot build DIR --runtime`, then `tar -cJf .device-aot/aot.tar.xz -C DIR .`,
+# by the DSL's cu13 flavor (`pip install 'nvidia-cutlass-dsl[cu13]'`: the device's driver runs CUDA 13, and
+# the cu12 flavor's ptxas makes the FP8 attn2 variants 3-11% slower; the manifest says which built it);
 # kept beside .device/, whose 64 MiB share of a call it would exceed) travel. Carry:
 #   .device-aot/aot.tar.xz .device/apache_tvm_ffi-*.whl .device/torch_c_dlpack_ext-*.whl
 if [ ! -d /tmp/aot-site/tvm_ffi ]; then

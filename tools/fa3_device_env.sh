@@ -8,6 +8,7 @@
 # Before the call, on the CPU machine (the wheel and the library are git-ignored):
 #   mkdir -p .whl && cp <where the wheel is>/fa3_fwd-0.0.3-cp39-abi3-manylinux_2_24_x86_64.whl .whl/
 #   python -m muse_ops.cutedsl.aot build build/aot --runtime && tar -cJf .device-aot/aot.tar.xz -C build/aot .
+#   (with the DSL's cu13 flavor installed: tools/aot_device_env.sh says why)
 # Carry (64 MiB in all; FlashInfer's 6.5 MB optional):
 #   .device-aot/aot.tar.xz .device/apache_tvm_ffi-*.whl [.device/torch_c_dlpack_ext-*.whl] .whl
 #   [.device/flashinfer-0.7.2.post1-sm90a.tar.xz]
