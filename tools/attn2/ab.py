@@ -19,6 +19,9 @@ CASES = eval(os.environ["AB_CASES"])            # [(B, L, W, labels or None)]
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 QLEN = int(os.environ.get("AB_QLEN", "8"))
 mods = {f: cases.load_kernel(f) for _, f, _ in VARIANTS}
+# the floor printed per case: its KV bytes at this GPU's measured copy rate (bench.timing)
+HBM_TBPS = cases.T.measure_hbm_tbps("cuda")
+print(f"AB on {torch.cuda.get_device_name()}: HBM copy {HBM_TBPS:.2f} TB/s", flush=True)
 g = torch.Generator().manual_seed(0)
 MIXED = [int(x) for x in torch.randint(512, 32769, (64,), generator=g)]
 for (B, L, W, labels) in CASES:
@@ -51,7 +54,7 @@ for (B, L, W, labels) in CASES:
     # a variant of another tree gives other bits: how far (largest |diff| / largest |out|) says if it is rounding
     differ = [f"{lab} {((o.float() - outs[0].float()).abs().max() / outs[0].float().abs().max()).item():.1e}"
               for (lab, _, _), o in zip(built, outs) if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16))]
-    fl = built[0][2].pool_bytes / 4.1e12 * 1e6
+    fl = built[0][2].pool_bytes / (HBM_TBPS * 1e12) * 1e6
     print(f"AB {str(name):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
         f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)
     del built
