@@ -6,9 +6,12 @@ usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2/ab.py
   AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench; a list case: its longest)
   AB_QLEN:     the query block (8: verify, the default; 1: decode)
 Every variant of a case is built once (cases.build_case, deployment max_seq_len = L) on the
-first variant's inputs and timed in turn, round after round, so drifts of the GPU hit all of them
-alike; then each variant's out on the first input set is compared in bits with the first
-variant's, and the line names those that differ (the layouts compute one tree: the same bits)."""
+inputs of the case's first variant of its cache dtype (bf16, or e4m3 with the override fp8=1: a
+variant never runs on the other dtype's pools) and timed in turn, round after round, so drifts of
+the GPU hit all of them alike; then each variant's out on the first input set is compared in bits
+with that first variant's, and the line names those that differ (the layouts compute one tree:
+the same bits). The floor printed is the case's KV bytes at the GPU's measured copy rate, per
+cache dtype where the case has both."""
 import os, sys, statistics
 sys.path.insert(0, os.path.dirname(__file__))
 import cases
@@ -30,32 +33,43 @@ for (B, L, W, labels) in CASES:
     msl = int(os.environ.get("AB_MSL", 0)) or (32768 if B == "mixed" else max(lens) if lens else L)
     name = (len(B), min(B), max(B), W) if isinstance(B, list) else (B, L, W)
     built = []
+    first = {}    # cache dtype (fp8 or not) -> the label and case of its first variant, whose inputs the others share
     for (lab, f, over) in VARIANTS:
         if labels and lab not in labels:
             continue
         cases.A, cases.KERNEL = mods[f], (mods[f] if f else None)
         case = cases.build_case(len(lens) if lens else B, L, W, q_len=QLEN, lens=lens, over=over, msl=msl)
-        if built:   # the same inputs for every variant (their outputs are compared)
-            case.pools, case.y, case.seq = built[0][2].pools, built[0][2].y, built[0][2].seq
+        fp8 = bool(over.get("fp8", False))
+        if fp8 in first:   # the same inputs for every variant of a dtype (their outputs are compared)
+            ref = first[fp8][1]
+            case.pools, case.y, case.seq = ref.pools, ref.y, ref.seq
+        else:
+            first[fp8] = (lab, case)
         cases.graph_us(case)          # compile + warm
-        built.append((lab, f, case))
-    ts = {lab: [] for lab, _, _ in built}
+        built.append((lab, f, case, fp8))
+    ts = {lab: [] for lab, _, _, _ in built}
     for _ in range(ROUNDS):
-        for lab, f, case in built:
+        for lab, f, case, _ in built:
             cases.A, cases.KERNEL = mods[f], (mods[f] if f else None)
             ts[lab].append(cases.graph_us(case))
-    outs = []
-    for lab, f, case in built:   # every variant's out on pool 0 (same tree: the same bits)
+    outs = {}
+    for lab, f, case, _ in built:   # every variant's out on pool 0 (same tree: the same bits)
         cases.A, cases.KERNEL = mods[f], (mods[f] if f else None)
         c, p = case.pools[0]
         cases.launch_attn2(case.y, c, p, case.seq, case.out, case.ws, case.err, kernel=cases.KERNEL, **case.kw)
-        outs.append(case.out.clone())
+        outs[lab] = case.out.clone()
         assert int(case.err.item()) == 0
-    # a variant of another tree gives other bits: how far (largest |diff| / largest |out|) says if it is rounding
-    differ = [f"{lab} {((o.float() - outs[0].float()).abs().max() / outs[0].float().abs().max()).item():.1e}"
-              for (lab, _, _), o in zip(built, outs) if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16))]
-    fl = built[0][2].pool_bytes / (HBM_TBPS * 1e12) * 1e6
-    print(f"AB {str(name):22s} floor {fl:7.2f} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
-        f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _ in built), flush=True)
+    # against the first variant of the same dtype; a variant of another tree gives other bits: how
+    # far (largest |diff| / largest |out|) says if it is rounding
+    differ = []
+    for lab, _, _, fp8 in built:
+        o, r = outs[lab], outs[first[fp8][0]]
+        if not torch.equal(o.view(torch.int16), r.view(torch.int16)):
+            differ.append(f"{lab} {((o.float() - r.float()).abs().max() / r.float().abs().max()).item():.1e}")
+    floors = {fp8: ref.pool_bytes / (HBM_TBPS * 1e12) * 1e6 for fp8, (_, ref) in first.items()}
+    floor = (f"floor {next(iter(floors.values())):7.2f}" if len(floors) == 1 else
+             f"floor bf16 {floors[False]:.2f} fp8 {floors[True]:.2f}")
+    print(f"AB {str(name):22s} {floor} {'same bits' if not differ else 'DIFFERENT bits: ' + ','.join(differ)} | " + " | ".join(
+        f"{lab} {statistics.median(ts[lab]):7.2f} ({min(ts[lab]):.2f}-{max(ts[lab]):.2f})" for lab, _, _, _ in built), flush=True)
     del built
     torch.cuda.empty_cache()
