@@ -76,12 +76,11 @@ def dsl_toolkit() -> str:
     its extra `cu13` adds cu13), "?" where it cannot tell. The flavor's ptxas makes the machine
     code, and the two make different code of the same kernel: the FP8 attn2 variants, at the
     register limit, run 3-11% faster built by cu13's (bench/RESULTS.md, thirty-fifth session)."""
-    import re
-    import sys
-    import cutlass  # noqa: F401  (loads the flavor's _cutlass_ir module)
-    module = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
-    match = re.search(r"\.cu(\d+)\.", os.path.basename(getattr(module, "__file__", None) or ""))
-    return f"cu{match.group(1)}" if match else "?"
+    try:
+        from cutlass.base_dsl.version_info import CUDA_VERSION   # what the DSL itself loads by
+    except Exception:  # noqa: BLE001  (a DSL without it)
+        return "?"
+    return f"cu{CUDA_VERSION.major}"
 
 
 @functools.lru_cache(maxsize=1)
