@@ -186,6 +186,39 @@ def test_x_multicast_knob_keeps_the_bits(kv_heads, cos_sin):
         assert int(err.item()) == 0
 
 
+WHOLE_K_TILES = [(64, 2), (96, 2), (160, 2), (192, 1), (112, 3), (48, 3)]
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 3, 4, 8])   # K splits 3, 3, 2, 1, 2
+def test_whole_k_tiles_keep_the_bits(kv_heads, cos_sin):
+    """A whole-K CTA (QkvFrontConfig.whole_k) sums the split's stripes in rank order from two
+    accumulators: the same y and cache bits as the split cluster, at a whole and a partial last
+    tile of each tile shape, run to run; the float64 evaluation at the largest launch."""
+    Q = _kernel()
+    x, w, pos, slots, cache = make_inputs(700, kv_heads, seed=4970 + kv_heads, pad=50)
+    before = cache.clone()
+    y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
+    check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
+    rows_all = _cache_rows(cache, kv_heads)
+    for tile, hpc in WHOLE_K_TILES:
+        for m in (3 * tile, 3 * tile - 40, 700):
+            over = {"whole_k": True, "tile": (tile, hpc)}
+            cache_m = torch.full_like(cache, float("nan"))
+            y_m, err = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, cache_m,
+                           override=over)
+            assert torch.equal(y_m.view(torch.int16), y_all[:m].view(torch.int16)), (tile, hpc, m)
+            s = slots[:m].long()
+            s = s[s >= 0]
+            rows_m = _cache_rows(cache_m, kv_heads)
+            assert torch.equal(rows_m[s].view(torch.int16), rows_all[s].view(torch.int16)), (tile, hpc, m)
+            untouched = torch.ones(rows_m.shape[0], dtype=torch.bool, device=DEV)
+            untouched[s] = False
+            assert bool(rows_m[untouched].isnan().all()), f"{(tile, hpc, m)}: rows outside its slots were written"
+            assert int(err.item()) == 0
+        y_again, _ = run(Q, x, w, pos, slots, cos_sin, torch.full_like(cache, float("nan")), override=over)
+        assert torch.equal(y_again.view(torch.int16), y_all.view(torch.int16)), (tile, hpc, "run to run")
+
+
 def test_error_flags_and_skipped_rows(cos_sin):
     """A slot past the cache is skipped (BAD_SLOT), a position past cos_sin reads row 0
     (BAD_POSITION); everything else is written as usual."""

@@ -76,7 +76,7 @@ def test_the_package_library_holds_no_development_hook():
 @needs_shims
 def test_shims_lookups_give_the_qkv_front_plan(dev):
     lookup = dev
-    tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(qkv_front_plan.TILES)}
+    tiles = {t: i for i, t in enumerate(qkv_front_plan.LAUNCH_TILES)}
     for kv_heads in range(1, shims.TABLE_KV_HEADS + 1):
         assert lookup("k_split", [kv_heads]) == qkv_front_plan.k_split(kv_heads), kv_heads
         assert lookup("proj_cols", [kv_heads]) == proj_cols(kv_heads)
@@ -249,7 +249,7 @@ def test_a_program_without_python_loads_the_tables_of_an_ahead_of_time_library(d
         f"print(torch.ops.muse._shims_load_library({str(library)!r}))\n"
         "s, L = shims.stats(), torch.ops.muse._shims_lookup\n"
         f"assert s['qkv_front variants'] == {len(cfgs)} and s['attn2 variants'] == {len(variants)}, s\n"
-        "tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(q.TILES)}\n"
+        "tiles = {t: i for i, t in enumerate(q.LAUNCH_TILES)}\n"
         "for kv in (1, 2, 16):\n"
         "    assert L('k_split', [kv]) == q.k_split(kv)\n"
         "    assert all(L('qkv_front_tile', [m, kv]) == tiles[q.tile_for(m, kv)] for m in range(1, 1500))\n"

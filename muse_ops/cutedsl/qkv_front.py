@@ -764,14 +764,16 @@ class QkvFrontSm90:
         m = mX.shape[0]
         # head groups rounded up to whole pairs (a helper CTA past an odd count: ClusterPlace)
         head_groups = (mW.shape[0] // (HEAD_DIM * heads) + pairs - 1) // pairs * pairs
+        # the split's ranks are a cluster's CTAs, or a whole-K CTA sums them all as stripes
+        ranks = split if const_expr(self.cfg.cluster_split) else 1
         # token tiles before head groups in launch order: the CTAs that read one head group's
         # weight rows run side by side, so the weight crosses from HBM once however many tiles
         # there are, even where it exceeds the L2 (Hkv >= 4) and the grid takes several waves
         self.kernel(tma_w, mW_tma, tma_x, mX_tma, tuple(a for a, _ in boxes), tuple(t for _, t in boxes),
                     tuple(a for a, _ in multicast), tuple(t for _, t in multicast), mPos, mSlot,
                     mCS, mCache, mY, mErr, mKScale, mVScale, sW_layout, sX_layout, split).launch(
-            grid=(split, (m + tokens - 1) // tokens, head_groups), block=(self.cfg.threads, 1, 1),
-            cluster=(split, 1, pairs), stream=stream, use_pdl=self.cfg.pdl)
+            grid=(ranks, (m + tokens - 1) // tokens, head_groups), block=(self.cfg.threads, 1, 1),
+            cluster=(ranks, 1, pairs), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
@@ -790,7 +792,9 @@ class QkvFrontSm90:
         if const_expr(multicast):
             pair = head_group % self.cfg.group_cluster
             real = Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta))
-        place = ClusterPlace(rank, split, pair, real)
+        # a whole-K CTA is the only rank of a split of 1 (its epilogue sums one partial, its
+        # own); its main loop runs the deployment's split as stripes
+        place = ClusterPlace(rank, split if const_expr(self.cfg.cluster_split) else Int32(1), pair, real)
 
         # ---- shared memory: the ring, the tile's indices; after the main loop the ring is the
         # landing zone of the split-K sum
@@ -818,7 +822,10 @@ class QkvFrontSm90:
             self.produce(producer, indices, mPos, mSlot, mCS, mErr)
             self.rings_drained()
         else:
-            acc = self.consume(ring, k_tiles, warp // 4, tidx % 128)
+            if const_expr(self.cfg.cluster_split):
+                acc = self.consume(ring, k_tiles, warp // 4, tidx % 128)
+            else:
+                acc = self.consume_stripes(ring, split, warp // 4, tidx % 128)
             self.stamp("loop_end")
             if const_expr(self.cfg.trigger_point == "main_loop"):
                 cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
@@ -911,6 +918,54 @@ class QkvFrontSm90:
                     ring.release(s)
         warpgroup.wait_group(0)
         return acc
+
+    @cute.jit
+    def consume_stripes(self, ring: Ring, stripes: Int32, wg: Int32, wg_tidx: Int32):
+        """A whole-K CTA's consumer warpgroup wg: the sum, from 0.0 in stripe order, one rounding an
+        add, of the split's stripes (stripe g: K tiles qkv_front_plan.k_range(g, stripes), summed
+        as `consume` sums a rank's tiles, from a zeroed accumulator in K order): the value the
+        split cluster's owner adds up from its ranks' partials, bit for bit. Stages are released as
+        in `consume` (mma_lag), and a stripe's last one once its wgmmas are complete. Returns the
+        sum, every wgmma complete."""
+        stages = self.stages
+        mma = self.tiled_mma()
+        thr = mma.get_slice(wg_tidx)
+        atom = cute.make_mma_atom(mma.op)
+        tCrW = thr.make_fragment_A(thr.partition_A(ring.sW))
+        tCrX = thr.make_fragment_B(thr.partition_B(ring.sX))
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, self.token_tile)), Float32)
+        total = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, self.token_tile)), Float32)
+        total.fill(0.0)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        lane = cute.arch.lane_idx()
+        for g in cutlass.range(stripes, unroll=1):
+            first = g * K_TILES // stripes
+            end = (g + 1) * K_TILES // stripes
+            acc.fill(0.0)
+            for i in cutlass.range(first, end, unroll=1):
+                s = i % stages
+                ring.wait_full(i, s)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(K_TILE // 16):
+                    cute.gemm(atom, acc, tCrW[None, None, kb, s * self.heads_per_cta + wg], tCrX[None, None, kb, s],
+                              acc)
+                warpgroup.commit_group()
+                if const_expr(self.cfg.mma_lag == 1):
+                    warpgroup.wait_group(1)      # the previous stage's wgmmas have read it: free it
+                    if i > first:
+                        if lane == 0:
+                            ring.release((i - 1) % stages)
+                else:
+                    warpgroup.wait_group(0)
+                    if lane == 0:
+                        ring.release(s)
+            warpgroup.wait_group(0)              # the stripe is summed: fold it in
+            if const_expr(self.cfg.mma_lag == 1):
+                if lane == 0:
+                    ring.release((end - 1) % stages)
+            for e in cutlass.range(cute.size(total), unroll_full=True):
+                total[e] = add_rn(total[e], acc[e])
+        return total
 
     @cute.jit
     def rings_drained(self):

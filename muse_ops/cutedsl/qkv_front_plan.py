@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..config import GROUP, HEAD_DIM, HIDDEN
 from . import runtime
@@ -95,6 +96,15 @@ RELEASE_AT_ONCE_TILE = 16
 # tokens the large tiles are not bound by the L2's x traffic at any Hkv.
 MULTICAST_GROUP = 2
 
+# Whole-K CTAs (QkvFrontConfig.whole_k): a CTA owns its tile's whole K range and sums it as the
+# split's S stripes, stripe g the K tiles [g 128 / S, (g + 1) 128 / S) (k_range), each from a zeroed
+# accumulator in K order, folded into a running sum from 0.0 in stripe order: the value the split
+# cluster's owner computes from its ranks' partials, bit for bit. The grid is then token tiles x
+# head groups, with no factor S, so tiles may be sized to fill the GPU's SMs in whole waves. Two
+# accumulators are 2 x 64 x tile fp32 a consumer warpgroup, tile registers a thread: at most
+# WHOLE_K_MAX_TILE[heads per CTA] tokens (ptxas's budget at 128 heads + 32 threads a CTA).
+WHOLE_K_MAX_TILE = {1: 192, 2: 160, 3: 112}
+
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once. Above that a CTA
 # computes two heads, so x is read from L2 half as often (the large-M cases are L2-bandwidth
@@ -106,6 +116,24 @@ MULTICAST_GROUP = 2
 TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128, 1, 1), (192, 192, 1, 1),
          (256, 128, 2, 1), (384, 192, 2, 1), (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
+# The whole-K tiles (token tile, heads per CTA) a launch above WAVE_TILES_ABOVE tokens may take
+# besides TILES' two-head cluster tiles (wave_tile weighs them all). Measured: RESULTS.md.
+WHOLE_K_TILES = ()
+WHOLE_K_FIXED_TOKENS = 16        # a whole-K CTA's fixed cost a stripe, in tokens of its tile (wave_tile)
+
+
+class Tile(NamedTuple):
+    """What the plan picks for a launch, and what the C++ ops index (LAUNCH_TILES): the token tile
+    (the N of the wgmma), the heads per CTA, the K tiles a ring stage, and whether a CTA sums the
+    whole K range as the split's stripes (whole_k) or its rank's share in a split cluster."""
+    tokens: int
+    heads: int
+    k_tiles_per_stage: int = 1
+    whole_k: bool = False
+
+
+LAUNCH_TILES = (tuple(Tile(t, h, k) for _, t, h, k in TILES)
+                + tuple(Tile(t, h, 1, True) for t, h in WHOLE_K_TILES))
 
 
 def x_part_boxes(token_tile: int) -> tuple[int, ...]:
@@ -221,10 +249,17 @@ class QkvFrontConfig:
     stamps: int = 0       # development only: global address of the phase stamps (STAMP_PHASES); 0: none
     fp8: bool = False     # a float8_e4m3fn cache: the insert quantizes k' / k_scale and v / v_scale
     x_multicast: bool = False   # development: x multicast over a pair of head groups (MULTICAST_GROUP; see above)
+    whole_k: bool = False   # a CTA sums every K tile as the split's stripes (Whole-K CTAs, above): no cluster
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
         return 128 * self.heads_per_cta + 32
+
+    @property
+    def cluster_split(self) -> bool:
+        """Whether the K split is a cluster of CTAs (each sums its rank's K tiles); False: a CTA
+        sums every K tile, the split's stripes in rank order (whole_k)."""
+        return not self.whole_k
 
     @property
     def group_cluster(self) -> int:
@@ -255,7 +290,14 @@ class QkvFrontConfig:
     @staticmethod
     def create(token_tile: int, heads_per_cta: int, rope: bool, pos_dtype: str = "int64",
                slot_dtype: str = "int64", stages: int | None = None, **over) -> "QkvFrontConfig":
-        assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
+        if over.get("whole_k"):
+            # any token tile of whole 16-row x boxes up to WHOLE_K_MAX_TILE[heads] (two
+            # accumulators a thread), one K tile a stage (a stripe starts at any K tile)
+            assert token_tile % X_BOX_MIN_ROWS == 0 and token_tile <= WHOLE_K_MAX_TILE.get(heads_per_cta, 0), \
+                (token_tile, heads_per_cta)
+            assert over.get("k_tiles_per_stage", 1) == 1, over
+        else:
+            assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
         assert pos_dtype in INDEX_DTYPES and slot_dtype in INDEX_DTYPES
         over.setdefault("owner_block", SMALL_TILE_OWNER_BLOCK if token_tile <= 16 else OWNER_BLOCK)
         over.setdefault("mma_lag", 0 if token_tile <= RELEASE_AT_ONCE_TILE else 1)
@@ -271,15 +313,14 @@ class QkvFrontConfig:
         return cfg
 
 
-def tile_for(m: int, kv_heads: int) -> tuple[int, int, int]:
-    """(token tile, heads per CTA, K tiles per stage) of a launch of m tokens at kv_heads: by M from
-    TILES up to WAVE_TILES_ABOVE tokens, above by the grid's cost (wave_tile). Either way every
-    tile gives a token the same bits."""
+def tile_for(m: int, kv_heads: int) -> Tile:
+    """The tile of a launch of m tokens at kv_heads: by M from TILES up to WAVE_TILES_ABOVE tokens,
+    above by the grid's cost (wave_tile). Every tile gives a token the same bits."""
     if m > WAVE_TILES_ABOVE:
         return wave_tile(m, kv_heads)
     for limit, tile, hpc, kps in TILES:
         if m <= limit:
-            return tile, hpc, kps
+            return Tile(tile, hpc, kps)
     raise AssertionError(m)
 
 
@@ -289,28 +330,36 @@ def weight_fits_l2(kv_heads: int) -> bool:
     return heads(kv_heads) * HEAD_DIM * HIDDEN * 2 <= L2_RESIDENT_BYTES
 
 
-def wave_tile(m: int, kv_heads: int) -> tuple[int, int, int]:
-    """The two-head tile of TILES whose grid costs the least, the larger tile on a tie. A grid of
-    C CTAs (token tiles x head groups x the K split) runs in ceil(C / SM_TARGET) waves of one CTA
-    an SM, and a wave costs its tile's tokens plus TILE_FIXED_TOKENS. Where the weight fits the L2
-    the grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x (the CTA's 128 weight rows
-    + its tokens): its operands then all stream from the L2, and many small tiles are bound by
-    that traffic. The cost is computed in integers (x 10 SM_TARGET); the C++ ops look its choice
-    up in the tables Python hands them. Every tile gives a token the same bits, so the cost only
-    decides the time; it picks the fastest of the three tiles in every row measured
-    (bench/RESULTS.md)."""
-    split, groups, l2_bound = k_split(kv_heads), heads(kv_heads) // 2, weight_fits_l2(kv_heads)
-    best = None
-    for _, tile, hpc, kps in TILES:
-        if hpc != 2:
-            continue
-        ctas = -(-m // tile) * groups * split
-        cost = -(-ctas // SM_TARGET) * (tile + TILE_FIXED_TOKENS) * 10 * SM_TARGET   # waves x (tokens + fixed)
-        if l2_bound:
-            cost = max(cost, L2_COST_TENTHS * ctas * (hpc * HEAD_DIM + tile))          # the L2's traffic
-        if best is None or cost < best[0] or (cost == best[0] and tile > best[1][0]):
-            best = (cost, (tile, hpc, kps))
-    return best[1]
+def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
+    """wave_tile's cost of a launch's grid, in integers (x 10 SM_TARGET): ceil(C / SM_TARGET) waves
+    of one CTA an SM, C = token tiles x head groups (x the K split for a cluster tile). A wave of
+    cluster CTAs costs their tile's tokens plus TILE_FIXED_TOKENS (heads / 2 of them, over 1 / S of
+    K); a wave of whole-K CTAs costs S stripes of heads / 2 x tokens plus WHOLE_K_FIXED_TOKENS.
+    Where the weight fits the L2 a grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x
+    (the CTA's weight rows + its tokens) a K share: its operands then all stream from the L2, and
+    many small tiles are bound by that traffic."""
+    split, groups = k_split(kv_heads), heads(kv_heads) // tile.heads
+    ctas = -(-m // tile.tokens) * groups
+    if tile.whole_k:
+        wave = split * (tile.heads * tile.tokens // 2 + WHOLE_K_FIXED_TOKENS)
+        shares = split
+    else:
+        ctas *= split
+        wave = tile.heads * tile.tokens // 2 + TILE_FIXED_TOKENS
+        shares = 1
+    cost = -(-ctas // SM_TARGET) * wave * 10 * SM_TARGET
+    if weight_fits_l2(kv_heads):
+        cost = max(cost, L2_COST_TENTHS * ctas * shares * (tile.heads * HEAD_DIM + tile.tokens))
+    return cost
+
+
+def wave_tile(m: int, kv_heads: int) -> Tile:
+    """The tile of the least grid_cost among TILES' two-head cluster tiles and WHOLE_K_TILES, the
+    larger tile on a tie. The cost is computed in integers; the C++ ops look its choice up in the
+    tables Python hands them. Every tile gives a token the same bits, so the cost only decides the
+    time (bench/RESULTS.md has the sweeps it is fitted to)."""
+    candidates = [t for t in LAUNCH_TILES if t.whole_k or (t.heads == 2 and t.k_tiles_per_stage == 1)]
+    return min(candidates, key=lambda t: (grid_cost(m, kv_heads, t), -t.tokens * t.heads))
 
 
 def _dtype_name(t) -> str:
@@ -322,48 +371,54 @@ def launch_config(m: int, kv_heads: int, rope: bool, positions_dtype, slots_dtyp
     """The variant a launch of m tokens at kv_heads runs (fp8: into a float8_e4m3fn cache);
     override (dev tools, tests) forces a tile ("tile": (T, heads)) or another knob of the config."""
     if not override:   # every eager call asks: the table's variants are cached
-        return _default_config(*tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
+        return _default_config(tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
                                _dtype_name(slots_dtype), bool(fp8))
     over = dict(override)
-    tile, hpc, kps = tile_for(m, kv_heads)
-    if "tile" in over:
+    tile, hpc, kps, whole_k = tile_for(m, kv_heads)
+    if "tile" in over:   # a cluster tile of TILES, unless the override also asks for whole_k
         tile, hpc = over.pop("tile")
-        kps = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1)
+        kps, whole_k = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1), False
     over.setdefault("k_tiles_per_stage", kps)
+    over.setdefault("whole_k", whole_k)
     over.setdefault("fp8", bool(fp8))
     return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_config(tile: int, hpc: int, kps: int, rope: bool, pos_dtype: str, slot_dtype: str,
-                    fp8: bool = False) -> QkvFrontConfig:
-    return QkvFrontConfig.create(tile, hpc, rope, pos_dtype, slot_dtype, k_tiles_per_stage=kps, fp8=fp8)
+def _default_config(tile: Tile, rope: bool, pos_dtype: str, slot_dtype: str, fp8: bool = False) -> QkvFrontConfig:
+    return tile_config(tile, rope, pos_dtype, slot_dtype, fp8)
+
+
+def tile_config(tile: Tile, rope: bool, pos_dtype: str = "int64", slot_dtype: str = "int64",
+                fp8: bool = False) -> QkvFrontConfig:
+    """The plan's variant of a tile (every other knob at its rule)."""
+    return QkvFrontConfig.create(tile.tokens, tile.heads, rope, pos_dtype, slot_dtype,
+                                 k_tiles_per_stage=tile.k_tiles_per_stage, fp8=fp8, whole_k=tile.whole_k)
 
 
 def deployment_variants(kv_heads: int, rope: bool, fp8: bool = False) -> list[QkvFrontConfig]:
     """Every variant a deployment may launch for M = 1 .. any: one per token tile, for int64
     positions and slots (as muse_ops.PagedBatch builds them) and for int32 (what some engines
     pass). Mixed index dtypes compile on first use. kv_heads is a run-time dimension."""
-    return [QkvFrontConfig.create(tile, hpc, rope, d, d, k_tiles_per_stage=kps, fp8=fp8) for _, tile, hpc, kps in TILES
-            for d in INDEX_DTYPES]
+    return [tile_config(tile, rope, d, d, fp8) for tile in LAUNCH_TILES for d in INDEX_DTYPES]
 
 
 def ci_variants() -> list[QkvFrontConfig]:
     """What CI compiles on the CPU: every tile shape, RoPE on and off, every index dtype pair, for a
     bf16 cache; and every tile shape, RoPE on and off, for an FP8 cache (one index dtype each: the
     insert's code does not depend on it)."""
-    bf16 = [QkvFrontConfig.create(tile, hpc, rope, p, s, k_tiles_per_stage=kps) for _, tile, hpc, kps in TILES
-            for rope in (False, True) for p in INDEX_DTYPES for s in INDEX_DTYPES]
-    fp8 = [QkvFrontConfig.create(tile, hpc, rope, "int64", "int64", k_tiles_per_stage=kps, fp8=True)
-           for _, tile, hpc, kps in TILES for rope in (False, True)]
+    bf16 = [tile_config(tile, rope, p, s) for tile in LAUNCH_TILES for rope in (False, True) for p in INDEX_DTYPES
+            for s in INDEX_DTYPES]
+    fp8 = [tile_config(tile, rope, "int64", "int64", fp8=True) for tile in LAUNCH_TILES for rope in (False, True)]
     return bf16 + fp8
 
 
 def dev_variants() -> list[QkvFrontConfig]:
     """Development knobs CI also compiles, so they keep compiling (no launch of the package takes
-    them, and the ahead-of-time library holds none): x_multicast at a one-head and a two-head tile."""
-    return [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True) for tile, hpc in
-            ((128, 1), (256, 2))]
+    them, and the ahead-of-time library holds none): x_multicast at a one-head and a two-head
+    cluster tile and at a whole-K tile."""
+    return [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True, whole_k=whole_k)
+            for tile, hpc, whole_k in ((128, 1, False), (256, 2, False), (128, 2, True))]
 
 
 def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:

@@ -171,11 +171,10 @@ def model_rows() -> list[str]:
 
 def kv_heads_row(kv_heads: int) -> str:
     """Hkv's K split, y's and attn2's output widths, and qkv_front_plan.tile_for of every M up to
-    TABLE_MAX_TOKENS (as indices of qkv_front_plan.TILES, the kernel keys' tiles)."""
+    TABLE_MAX_TOKENS (as indices of qkv_front_plan.LAUNCH_TILES, the kernel keys' tiles)."""
     from ..config import HEAD_DIM, proj_cols, q_heads
     from . import qkv_front_plan as plan
-    tiles = {(t, h, k): i for i, (_, t, h, k) in enumerate(plan.TILES)}
-    runs = _runs(lambda m: tiles[plan.tile_for(m, kv_heads)], TABLE_MAX_TOKENS)
+    runs = _runs(lambda m: plan.LAUNCH_TILES.index(plan.tile_for(m, kv_heads)), TABLE_MAX_TOKENS)
     return _row("kv_heads", kv_heads, plan.k_split(kv_heads), proj_cols(kv_heads), q_heads(kv_heads) * HEAD_DIM,
                 *runs)
 
@@ -234,13 +233,11 @@ def attn2_rows(q_len: int, window: int, max_seq_len: int, devices, cache_dtype=t
 def qkv_front_key(cfg) -> str | None:
     """The C++ key of a qkv_front variant of the plan (None for another config: a dev override)."""
     from . import qkv_front_plan as plan
-    tile = next((i for i, (_, t, h, k) in enumerate(plan.TILES)
-                 if (t, h, k) == (cfg.token_tile, cfg.heads_per_cta, cfg.k_tiles_per_stage)), None)
-    flags = {"fp8": cfg.fp8} if hasattr(cfg, "fp8") else {}
-    if tile is None or cfg != plan.QkvFrontConfig.create(cfg.token_tile, cfg.heads_per_cta, cfg.rope, cfg.pos_dtype,
-                                                        cfg.slot_dtype, k_tiles_per_stage=cfg.k_tiles_per_stage,
-                                                        **flags):
+    tile = plan.Tile(cfg.token_tile, cfg.heads_per_cta, cfg.k_tiles_per_stage, getattr(cfg, "whole_k", False))
+    if tile not in plan.LAUNCH_TILES or cfg != plan.tile_config(tile, cfg.rope, cfg.pos_dtype, cfg.slot_dtype,
+                                                                getattr(cfg, "fp8", False)):
         return None
+    tile = plan.LAUNCH_TILES.index(tile)
     return _row("qkv_front", tile, cache_code(_cache_dtype(cfg)), cfg.rope, cfg.pos_dtype == "int64",
                 cfg.slot_dtype == "int64")
 
