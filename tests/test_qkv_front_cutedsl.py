@@ -186,7 +186,10 @@ def test_x_multicast_knob_keeps_the_bits(kv_heads, cos_sin):
         assert int(err.item()) == 0
 
 
-WHOLE_K_TILES = [(64, 2), (96, 2), (160, 2), (192, 1), (112, 3), (48, 3)]
+def _whole_k_tiles():
+    """The plan's whole-K tiles and the largest and smallest of each head count."""
+    from muse_ops.cutedsl.qkv_front_plan import WHOLE_K_TILES
+    return sorted(set(WHOLE_K_TILES) | {(64, 2), (160, 2), (192, 1), (112, 3), (48, 3)})
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 3, 4, 8])   # K splits 3, 3, 2, 1, 2
@@ -200,7 +203,7 @@ def test_whole_k_tiles_keep_the_bits(kv_heads, cos_sin):
     y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
     check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
     rows_all = _cache_rows(cache, kv_heads)
-    for tile, hpc in WHOLE_K_TILES:
+    for tile, hpc in _whole_k_tiles():
         for m in (3 * tile, 3 * tile - 40, 700):
             over = {"whole_k": True, "tile": (tile, hpc)}
             cache_m = torch.full_like(cache, float("nan"))

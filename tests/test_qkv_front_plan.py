@@ -2,7 +2,8 @@
 WAVE_TILES_ABOVE tokens takes, against the fastest tile measured on the H200 at every row of the
 tile sweeps of bench/RESULTS.md (twenty-seventh and twenty-eighth runs: each tile forced by
 tools/qkv_front/ab.py, cold weights). A change of wave_tile's cost that picks a slower tile at
-a measured row fails here; rows where two tiles were within 1% accept either."""
+a measured row fails here; rows where two tiles were within 1% accept either. Whole-K tiles
+against the cluster tile: the thirty-sixth session's H100 sweep (WHOLE_K_SWEEP)."""
 import pytest
 
 from muse_ops.cutedsl import qkv_front_plan as Q
@@ -21,9 +22,33 @@ FASTEST = {
 
 
 @pytest.mark.parametrize("kv_heads,m", sorted(FASTEST))
-def test_the_grid_cost_picks_the_measured_fastest_tile(kv_heads, m):
-    tile, heads_per_cta, _, _ = Q.tile_for(m, kv_heads)
-    assert heads_per_cta == 2 and tile in FASTEST[kv_heads, m], (kv_heads, m, tile)
+def test_the_grid_cost_picks_the_measured_fastest_cluster_tile(kv_heads, m):
+    """Among the two-head cluster tiles (the sweeps above measured no whole-K tile)."""
+    tile, heads_per_cta, _, whole_k = Q.wave_tile(m, kv_heads, Q.CLUSTER_WAVE_TILES)
+    assert heads_per_cta == 2 and not whole_k and tile in FASTEST[kv_heads, m], (kv_heads, m, tile)
+
+
+# (Hkv, M): us of the tiles forced by tools/qkv_front/ab.py on the H100 in one call (thirty-sixth
+# session, bench/RESULTS.md): the plan's cluster tile ("cluster") and whole-K tiles ((tokens,
+# heads)); the plan must pick a tile within 2% of the fastest of them
+WHOLE_K_SWEEP = {
+    (2, 512): {"cluster": 42.99, (128, 2): 51.32, (160, 2): 59.74, (96, 3): 56.13},
+    (2, 768): {"cluster": 68.36, (128, 2): 55.13, (160, 2): 66.90, (96, 3): 60.64},
+    (2, 1024): {"cluster": 84.11, (128, 2): 106.04, (160, 2): 70.99, (96, 3): 71.78},
+    (2, 1536): {"cluster": 124.08, (128, 2): 113.88, (160, 2): 133.82, (96, 3): 123.61},
+    (2, 2048): {"cluster": 172.82, (128, 2): 177.79, (160, 2): 141.14, (96, 3): 141.54},
+    (1, 1024): {"cluster": 38.59, (128, 2): 50.24, (160, 2): 59.36, (96, 3): 53.83},
+    (8, 1024): {"cluster": 289.02, (128, 2): 300.60, (160, 2): 297.96, (96, 3): 283.62},
+}
+
+
+@pytest.mark.parametrize("kv_heads,m", sorted(WHOLE_K_SWEEP))
+def test_the_grid_cost_picks_a_measured_fastest_whole_k_or_cluster_tile(kv_heads, m):
+    row = WHOLE_K_SWEEP[kv_heads, m]
+    assert Q.tile_for(m, kv_heads) in Q.LAUNCH_TILES
+    tile = Q.tile_for(m, kv_heads)
+    picked = row[(tile.tokens, tile.heads)] if tile.whole_k else row["cluster"]
+    assert picked <= 1.02 * min(row.values()), (kv_heads, m, tile, row)
 
 
 def test_tiles_up_to_256_tokens_come_from_the_table():

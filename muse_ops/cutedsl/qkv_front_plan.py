@@ -24,7 +24,7 @@ K_TILE = 64                      # k columns per ring stage: one 128-byte swizzl
 K_TILES = HIDDEN // K_TILE       # 128
 SM_TARGET = 132                  # the H100 / H200 SXM multiprocessor count the K split is sized for
 MAX_K_SPLIT = 3                  # the largest K split a deployment takes (k_split)
-WAVE_TILES_ABOVE = 256           # launches of more tokens take wave_tile's two-head tile
+WAVE_TILES_ABOVE = 256           # launches of more tokens take wave_tile's tile
 # wave_tile's cost of a grid, in tokens of work an SM does (fitted to tile sweeps at Hkv 1 to 16
 # above 256 tokens, where it picks the fastest tile in every row: RESULTS.md):
 TILE_FIXED_TOKENS = 48           # a CTA's fixed cost (ring fill, split-K sum, epilogue) in tokens of its tile
@@ -118,8 +118,9 @@ TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
 # The whole-K tiles (token tile, heads per CTA) a launch above WAVE_TILES_ABOVE tokens may take
 # besides TILES' two-head cluster tiles (wave_tile weighs them all). Measured: RESULTS.md.
-WHOLE_K_TILES = ()
-WHOLE_K_FIXED_TOKENS = 16        # a whole-K CTA's fixed cost a stripe, in tokens of its tile (wave_tile)
+WHOLE_K_TILES = ((128, 2), (160, 2), (96, 3))
+WHOLE_K_FIXED_TOKENS = 0         # a whole-K CTA's fixed cost a stripe, in tokens of its tile (grid_cost)
+WHOLE_K_L2_COST_TENTHS = 5       # grid_cost's L2 bound of a whole-K grid (L2_COST_TENTHS of a cluster grid)
 
 
 class Tile(NamedTuple):
@@ -342,23 +343,26 @@ def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
     ctas = -(-m // tile.tokens) * groups
     if tile.whole_k:
         wave = split * (tile.heads * tile.tokens // 2 + WHOLE_K_FIXED_TOKENS)
-        shares = split
+        shares, l2_tenths = split, WHOLE_K_L2_COST_TENTHS
     else:
         ctas *= split
         wave = tile.heads * tile.tokens // 2 + TILE_FIXED_TOKENS
-        shares = 1
+        shares, l2_tenths = 1, L2_COST_TENTHS
     cost = -(-ctas // SM_TARGET) * wave * 10 * SM_TARGET
     if weight_fits_l2(kv_heads):
-        cost = max(cost, L2_COST_TENTHS * ctas * shares * (tile.heads * HEAD_DIM + tile.tokens))
+        cost = max(cost, l2_tenths * ctas * shares * (tile.heads * HEAD_DIM + tile.tokens))
     return cost
 
 
-def wave_tile(m: int, kv_heads: int) -> Tile:
-    """The tile of the least grid_cost among TILES' two-head cluster tiles and WHOLE_K_TILES, the
-    larger tile on a tie. The cost is computed in integers; the C++ ops look its choice up in the
-    tables Python hands them. Every tile gives a token the same bits, so the cost only decides the
-    time (bench/RESULTS.md has the sweeps it is fitted to)."""
-    candidates = [t for t in LAUNCH_TILES if t.whole_k or (t.heads == 2 and t.k_tiles_per_stage == 1)]
+CLUSTER_WAVE_TILES = tuple(t for t in LAUNCH_TILES if not t.whole_k and t.heads == 2)
+WAVE_TILES = CLUSTER_WAVE_TILES + tuple(t for t in LAUNCH_TILES if t.whole_k)
+
+
+def wave_tile(m: int, kv_heads: int, candidates: tuple = WAVE_TILES) -> Tile:
+    """The tile of the least grid_cost among TILES' two-head cluster tiles and WHOLE_K_TILES (or
+    `candidates`), the larger tile on a tie. The cost is computed in integers; the C++ ops look its
+    choice up in the tables Python hands them. Every tile gives a token the same bits, so the cost
+    only decides the time (bench/RESULTS.md has the sweeps it is fitted to)."""
     return min(candidates, key=lambda t: (grid_cost(m, kv_heads, t), -t.tokens * t.heads))
 
 
