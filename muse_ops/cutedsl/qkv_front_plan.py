@@ -358,11 +358,16 @@ CLUSTER_WAVE_TILES = tuple(t for t in LAUNCH_TILES if not t.whole_k and t.heads 
 WAVE_TILES = CLUSTER_WAVE_TILES + tuple(t for t in LAUNCH_TILES if t.whole_k)
 
 
-def wave_tile(m: int, kv_heads: int, candidates: tuple = WAVE_TILES) -> Tile:
-    """The tile of the least grid_cost among TILES' two-head cluster tiles and WHOLE_K_TILES (or
-    `candidates`), the larger tile on a tie. The cost is computed in integers; the C++ ops look its
-    choice up in the tables Python hands them. Every tile gives a token the same bits, so the cost
-    only decides the time (bench/RESULTS.md has the sweeps it is fitted to)."""
+def wave_tile(m: int, kv_heads: int, candidates: tuple | None = None) -> Tile:
+    """The tile of the least grid_cost among `candidates`, the larger tile on a tie: by default
+    TILES' two-head cluster tiles, and WHOLE_K_TILES too where the weight fits the L2 (Hkv 1 and
+    2). Where it does not, grid_cost does not describe whole-K grids (at Hkv 8 M=1024 it predicted
+    a whole-K tile 24% faster than the cluster tile; it was 2% faster), so whole-K tiles wait for
+    a sweep there. The cost is computed in integers; the C++ ops look its choice up in the tables
+    Python hands them. Every tile gives a token the same bits, so the cost only decides the time
+    (bench/RESULTS.md has the sweeps it is fitted to)."""
+    if candidates is None:
+        candidates = WAVE_TILES if weight_fits_l2(kv_heads) else CLUSTER_WAVE_TILES
     return min(candidates, key=lambda t: (grid_cost(m, kv_heads, t), -t.tokens * t.heads))
 
 
