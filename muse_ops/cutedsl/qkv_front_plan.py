@@ -406,10 +406,12 @@ def tile_config(tile: Tile, rope: bool, pos_dtype: str = "int64", slot_dtype: st
 
 
 def deployment_variants(kv_heads: int, rope: bool, fp8: bool = False) -> list[QkvFrontConfig]:
-    """Every variant a deployment may launch for M = 1 .. any: one per token tile, for int64
-    positions and slots (as muse_ops.PagedBatch builds them) and for int32 (what some engines
-    pass). Mixed index dtypes compile on first use. kv_heads is a run-time dimension."""
-    return [tile_config(tile, rope, d, d, fp8) for tile in LAUNCH_TILES for d in INDEX_DTYPES]
+    """Every variant a deployment may launch for M = 1 .. any: one per token tile (whole-K tiles
+    only where wave_tile weighs them: the weight fits the L2), for int64 positions and slots (as
+    muse_ops.PagedBatch builds them) and for int32 (what some engines pass). Mixed index dtypes
+    compile on first use. kv_heads is a run-time dimension."""
+    tiles = [t for t in LAUNCH_TILES if weight_fits_l2(kv_heads) or not t.whole_k]
+    return [tile_config(tile, rope, d, d, fp8) for tile in tiles for d in INDEX_DTYPES]
 
 
 def ci_variants() -> list[QkvFrontConfig]:

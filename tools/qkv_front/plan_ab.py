@@ -1,0 +1,46 @@
+"""New plan (whole-K tiles in wave_tile) against the old plan (two-head cluster tiles only) and
+cuBLAS, per (Hkv, M) of AB_CASES, interleaved rounds, medians; bits compared."""
+import os, statistics, sys
+import torch
+sys.path.insert(0, os.getcwd())
+from bench import cases as C, timing as T
+from muse_ops.cutedsl import qkv_front_plan as Q
+from muse_ops.cutedsl.dev import launch_qkv_front
+from muse_ops.errors import error_flag
+
+def old_tile(m, h):
+    if m <= Q.WAVE_TILES_ABOVE:
+        return Q.tile_for(m, h)
+    c = [t for t in Q.LAUNCH_TILES if not t.whole_k and t.heads == 2 and t.k_tiles_per_stage == 1]
+    return min(c, key=lambda t: (Q.grid_cost(m, h, t), -t.tokens * t.heads))
+
+cases = [tuple(int(v) for v in c.split(":")) for c in os.environ["AB_CASES"].split(",")]
+dev = torch.device("cuda"); err = error_flag(dev)
+rows = []
+for h, m in cases:
+    new, old = Q.tile_for(m, h), old_tile(m, h)
+    case = C.QkvCase(m, kv_heads=h)
+    inp = C.build_qkv(case, dev, T.l2_bytes(dev))
+    ys = [torch.empty(m, inp.weights[0].shape[0], dtype=torch.bfloat16, device=dev) for _ in range(inp.sets)]
+    variants = [None] + ([{"tile": (old.tokens, old.heads)}] if old != new else [])
+    graphs, outs = [], []
+    for v in variants:
+        def fn(i, v=v):
+            launch_qkv_front(inp.xs[i], inp.weights[i], inp.positions[i], inp.slots[i], inp.cos_sin, inp.kv_cache,
+                             ys[i], err, override=v)
+            return ys[i]
+        outs.append(fn(0).clone())
+        graphs.append(T.capture_calls(fn, inp.sets))
+    same = all(torch.equal(o.view(torch.int16), outs[0].view(torch.int16)) for o in outs)
+    cub = T.capture_calls(lambda i: torch.matmul(inp.xs[i], inp.weights[i].t()), inp.sets)
+    times = [[] for _ in range(len(graphs) + 1)]
+    for _ in range(3):
+        for k, (g, calls) in enumerate(graphs + [cub]):
+            times[k].append(T.time_graph_us(g, calls, inp.sets, replays=15)["us"])
+    med = [statistics.median(t) for t in times]
+    old_us = med[1] if len(med) == 3 else med[0]
+    line = (f"Hkv {h:2d} M {m:5d} new {new.tokens}x{new.heads}{'W' if new.whole_k else 'C'} {med[0]:8.2f}  "
+            f"old {old.tokens}x{old.heads}C {old_us:8.2f}  cublas {med[-1]:8.2f}  new/old {med[0] / old_us:.3f} "
+            f"new/cublas {med[0] / med[-1]:.3f} bits {'same' if same else 'DIFFERENT'}")
+    print(line, flush=True)
+    del graphs, cub, inp, ys
