@@ -1,22 +1,28 @@
-"""New plan (whole-K tiles in wave_tile) against the old plan (two-head cluster tiles only) and
-cuBLAS, per (Hkv, M) of AB_CASES, interleaved rounds, medians; bits compared."""
-import os, statistics, sys
+"""The plan's qkv_front tile (wave_tile with whole-K tiles) against the cluster-only choice
+(wave_tile over CLUSTER_WAVE_TILES, the plan before whole-K tiles) and cuBLAS's matmul, per (Hkv,
+M) of AB_CASES, at the bench's cold-weight inputs: 3 interleaved rounds, medians; the two tiles'
+y bits compared. GPU machine, after .device/prelude.sh and tools/device_env.sh:
+    AB_CASES=2:640,2:1280,1:2048 python3 tools/qkv_front/plan_ab.py"""
+import os
+import statistics
+import sys
+
 import torch
+
 sys.path.insert(0, os.getcwd())
-from bench import cases as C, timing as T
-from muse_ops.cutedsl import qkv_front_plan as Q
-from muse_ops.cutedsl.dev import launch_qkv_front
-from muse_ops.errors import error_flag
+from bench import cases as C, timing as T  # noqa: E402
+from muse_ops.cutedsl import qkv_front_plan as Q  # noqa: E402
+from muse_ops.cutedsl.dev import launch_qkv_front  # noqa: E402
+from muse_ops.errors import error_flag  # noqa: E402
+
 
 def old_tile(m, h):
-    if m <= Q.WAVE_TILES_ABOVE:
-        return Q.tile_for(m, h)
-    c = [t for t in Q.LAUNCH_TILES if not t.whole_k and t.heads == 2 and t.k_tiles_per_stage == 1]
-    return min(c, key=lambda t: (Q.grid_cost(m, h, t), -t.tokens * t.heads))
+    return Q.tile_for(m, h) if m <= Q.WAVE_TILES_ABOVE else Q.wave_tile(m, h, Q.CLUSTER_WAVE_TILES)
+
 
 cases = [tuple(int(v) for v in c.split(":")) for c in os.environ["AB_CASES"].split(",")]
-dev = torch.device("cuda"); err = error_flag(dev)
-rows = []
+dev = torch.device("cuda")
+err = error_flag(dev)
 for h, m in cases:
     new, old = Q.tile_for(m, h), old_tile(m, h)
     case = C.QkvCase(m, kv_heads=h)
