@@ -102,7 +102,7 @@ MULTICAST_GROUP = 2
 # cluster's owner computes from its ranks' partials, bit for bit. The grid is then token tiles x
 # head groups, with no factor S, so tiles may be sized to fill the GPU's SMs in whole waves. Two
 # accumulators are 2 x 64 x tile fp32 a consumer warpgroup, tile registers a thread: at most
-# WHOLE_K_MAX_TILE[heads per CTA] tokens (ptxas's budget at 128 heads + 32 threads a CTA).
+# WHOLE_K_MAX_TILE[heads per CTA] tokens (ptxas's register budget at 128 threads a head + 32).
 WHOLE_K_MAX_TILE = {1: 192, 2: 160, 3: 112}
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
