@@ -765,7 +765,7 @@ class QkvFrontSm90:
         # head groups rounded up to whole pairs (a helper CTA past an odd count: ClusterPlace)
         head_groups = (mW.shape[0] // (HEAD_DIM * heads) + pairs - 1) // pairs * pairs
         # the split's ranks are a cluster's CTAs, or a whole-K CTA sums them all as stripes
-        ranks = split if const_expr(self.cfg.cluster_split) else 1
+        ranks = 1 if const_expr(self.cfg.whole_k) else split
         # token tiles before head groups in launch order: the CTAs that read one head group's
         # weight rows run side by side, so the weight crosses from HBM once however many tiles
         # there are, even where it exceeds the L2 (Hkv >= 4) and the grid takes several waves
@@ -794,7 +794,7 @@ class QkvFrontSm90:
             real = Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta))
         # a whole-K CTA is the only rank of a split of 1 (its epilogue sums one partial, its
         # own); its main loop runs the deployment's split as stripes
-        place = ClusterPlace(rank, split if const_expr(self.cfg.cluster_split) else Int32(1), pair, real)
+        place = ClusterPlace(rank, Int32(1) if const_expr(self.cfg.whole_k) else split, pair, real)
 
         # ---- shared memory: the ring, the tile's indices; after the main loop the ring is the
         # landing zone of the split-K sum
@@ -822,10 +822,10 @@ class QkvFrontSm90:
             self.produce(producer, indices, mPos, mSlot, mCS, mErr)
             self.rings_drained()
         else:
-            if const_expr(self.cfg.cluster_split):
-                acc = self.consume(ring, k_tiles, warp // 4, tidx % 128)
-            else:
+            if const_expr(self.cfg.whole_k):
                 acc = self.consume_stripes(ring, split, warp // 4, tidx % 128)
+            else:
+                acc = self.consume(ring, k_tiles, warp // 4, tidx % 128)
             self.stamp("loop_end")
             if const_expr(self.cfg.trigger_point == "main_loop"):
                 cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
@@ -882,15 +882,10 @@ class QkvFrontSm90:
         the next one's wgmmas are issued), or 0 in tiles of up to RELEASE_AT_ONCE_TILE tokens, whose
         main loop waits for the weight's bytes (a stage is freed once its own wgmmas are complete).
         Returns the accumulator, every wgmma complete."""
-        tokens, heads, stages = self.token_tile, self.heads_per_cta, self.stages
-        mma = self.tiled_mma()
-        thr = mma.get_slice(wg_tidx)
-        atom = cute.make_mma_atom(mma.op)
-        tCrW = thr.make_fragment_A(thr.partition_A(ring.sW))
-        tCrX = thr.make_fragment_B(thr.partition_B(ring.sX))
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, tokens)), Float32)
+        heads, stages = self.heads_per_cta, self.stages
+        atom, tCrW, tCrX, acc_shape = self.mma_operands(ring, wg_tidx)
+        acc = cute.make_rmem_tensor(acc_shape, Float32)
         acc.fill(0.0)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
         lane = cute.arch.lane_idx()
         tiles_per_stage = self.tiles_per_stage
         for i in cutlass.range(k_tiles.stages(), unroll=1):
@@ -907,17 +902,35 @@ class QkvFrontSm90:
                         cute.gemm(atom, acc, tCrW[None, None, kb, (s * tiles_per_stage + j) * heads + wg],
                                   tCrX[None, None, kb, s * tiles_per_stage + j], acc)
             warpgroup.commit_group()
-            if const_expr(self.cfg.mma_lag == 1):
-                warpgroup.wait_group(1)      # the previous stage's wgmmas have read it: free it
-                if i > 0:
-                    if lane == 0:
-                        ring.release((i - 1) % stages)
-            else:
-                warpgroup.wait_group(0)      # memory-bound tiles: free this stage at once
-                if lane == 0:
-                    ring.release(s)
+            self.release_issued(ring, i, 0, lane)
         warpgroup.wait_group(0)
         return acc
+
+    def mma_operands(self, ring: Ring, wg_tidx: Int32):
+        """A consumer thread's wgmma atom (accumulating), its views of the ring's weight and x
+        boxes, and the shape of its accumulator (64 head columns x token_tile tokens, fp32)."""
+        mma = self.tiled_mma()
+        thr = mma.get_slice(wg_tidx)
+        atom = cute.make_mma_atom(mma.op)
+        tCrW = thr.make_fragment_A(thr.partition_A(ring.sW))
+        tCrX = thr.make_fragment_B(thr.partition_B(ring.sX))
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        return atom, tCrW, tCrX, thr.partition_shape_C((HEAD_DIM, self.token_tile))
+
+    @cute.jit
+    def release_issued(self, ring: Ring, i: Int32, first: Int32, lane: Int32):
+        """Once stage i's wgmma group is committed (`first`: the first stage of this run, whose
+        predecessor is not this run's): with mma_lag 1 free the previous stage once its wgmmas
+        have read it, with mma_lag 0 (memory-bound tiles) free stage i once its own have."""
+        if const_expr(self.cfg.mma_lag == 1):
+            warpgroup.wait_group(1)
+            if i > first:
+                if lane == 0:
+                    ring.release((i - 1) % self.stages)
+        else:
+            warpgroup.wait_group(0)
+            if lane == 0:
+                ring.release(i % self.stages)
 
     @cute.jit
     def consume_stripes(self, ring: Ring, stripes: Int32, wg: Int32, wg_tidx: Int32):
@@ -928,15 +941,10 @@ class QkvFrontSm90:
         in `consume` (mma_lag), and a stripe's last one once its wgmmas are complete. Returns the
         sum, every wgmma complete."""
         stages = self.stages
-        mma = self.tiled_mma()
-        thr = mma.get_slice(wg_tidx)
-        atom = cute.make_mma_atom(mma.op)
-        tCrW = thr.make_fragment_A(thr.partition_A(ring.sW))
-        tCrX = thr.make_fragment_B(thr.partition_B(ring.sX))
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, self.token_tile)), Float32)
-        total = cute.make_rmem_tensor(thr.partition_shape_C((HEAD_DIM, self.token_tile)), Float32)
+        atom, tCrW, tCrX, acc_shape = self.mma_operands(ring, wg_tidx)
+        acc = cute.make_rmem_tensor(acc_shape, Float32)
+        total = cute.make_rmem_tensor(acc_shape, Float32)
         total.fill(0.0)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
         lane = cute.arch.lane_idx()
         for g in cutlass.range(stripes, unroll=1):
             first = g * K_TILES // stripes
@@ -950,15 +958,7 @@ class QkvFrontSm90:
                     cute.gemm(atom, acc, tCrW[None, None, kb, s * self.heads_per_cta + wg], tCrX[None, None, kb, s],
                               acc)
                 warpgroup.commit_group()
-                if const_expr(self.cfg.mma_lag == 1):
-                    warpgroup.wait_group(1)      # the previous stage's wgmmas have read it: free it
-                    if i > first:
-                        if lane == 0:
-                            ring.release((i - 1) % stages)
-                else:
-                    warpgroup.wait_group(0)
-                    if lane == 0:
-                        ring.release(s)
+                self.release_issued(ring, i, first, lane)
             warpgroup.wait_group(0)              # the stripe is summed: fold it in
             if const_expr(self.cfg.mma_lag == 1):
                 if lane == 0:

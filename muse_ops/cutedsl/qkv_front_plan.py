@@ -257,12 +257,6 @@ class QkvFrontConfig:
         return 128 * self.heads_per_cta + 32
 
     @property
-    def cluster_split(self) -> bool:
-        """Whether the K split is a cluster of CTAs (each sums its rank's K tiles); False: a CTA
-        sums every K tile, the split's stripes in rank order (whole_k)."""
-        return not self.whole_k
-
-    @property
     def group_cluster(self) -> int:
         """Head groups per cluster: MULTICAST_GROUP with x_multicast, else 1."""
         return MULTICAST_GROUP if self.x_multicast else 1
@@ -380,8 +374,8 @@ def launch_config(m: int, kv_heads: int, rope: bool, positions_dtype, slots_dtyp
     """The variant a launch of m tokens at kv_heads runs (fp8: into a float8_e4m3fn cache);
     override (dev tools, tests) forces a tile ("tile": (T, heads)) or another knob of the config."""
     if not override:   # every eager call asks: the table's variants are cached
-        return _default_config(tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
-                               _dtype_name(slots_dtype), bool(fp8))
+        return tile_config(tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
+                           _dtype_name(slots_dtype), bool(fp8))
     over = dict(override)
     tile, hpc, kps, whole_k = tile_for(m, kv_heads)
     if "tile" in over:   # a cluster tile of TILES, unless the override also asks for whole_k
@@ -393,11 +387,7 @@ def launch_config(m: int, kv_heads: int, rope: bool, positions_dtype, slots_dtyp
     return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
 
 
-@functools.lru_cache(maxsize=None)
-def _default_config(tile: Tile, rope: bool, pos_dtype: str, slot_dtype: str, fp8: bool = False) -> QkvFrontConfig:
-    return tile_config(tile, rope, pos_dtype, slot_dtype, fp8)
-
-
+@functools.lru_cache(maxsize=None)   # every eager launch asks
 def tile_config(tile: Tile, rope: bool, pos_dtype: str = "int64", slot_dtype: str = "int64",
                 fp8: bool = False) -> QkvFrontConfig:
     """The plan's variant of a tile (every other knob at its rule)."""
