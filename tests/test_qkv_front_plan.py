@@ -3,7 +3,8 @@ WAVE_TILES_ABOVE tokens takes, against the fastest tile measured on the H200 at 
 tile sweeps of bench/RESULTS.md (twenty-seventh and twenty-eighth runs: each tile forced by
 tools/qkv_front/ab.py, cold weights). A change of wave_tile's cost that picks a slower tile at
 a measured row fails here; rows where two tiles were within 1% accept either. Whole-K tiles
-against the cluster tile: the thirty-sixth session's H100 sweep (WHOLE_K_SWEEP)."""
+against the cluster tile: the thirty-sixth session's H100 sweep (WHOLE_K_SWEEP), and at Hkv 3 to 16
+the thirty-seventh's (HBM_WEIGHT_SWEEP)."""
 import pytest
 
 from muse_ops.cutedsl import qkv_front_plan as Q
@@ -49,6 +50,38 @@ def test_the_grid_cost_picks_a_measured_fastest_whole_k_or_cluster_tile(kv_heads
     assert tile in Q.LAUNCH_TILES
     picked = row[(tile.tokens, tile.heads)] if tile.whole_k else row["cluster"]
     assert picked <= 1.02 * min(row.values()), (kv_heads, m, tile, row)
+
+
+# (Hkv, M): us of cluster tiles (tokens, heads, False) and whole-K tiles (tokens, heads, True)
+# forced by tools/qkv_front/ab.py at Hkv 3 to 16, where the weight streams from HBM (the
+# thirty-seventh session's H100 call, bench/RESULTS.md): the plan's pick must be within 3.5% of
+# the fastest tile it could have picked (two tiles closer than that traded places between runs).
+HBM_WEIGHT_SWEEP = {
+    (3, 512): {(128, 2, False): 70.32, (192, 2, False): 80.83, (256, 2, False): 50.9, (112, 3, True): 71.26, (96, 3, True): 63.19, (80, 3, True): 63.82, (64, 3, True): 98.04, (128, 2, True): 54.32, (160, 2, True): 67.51},
+    (3, 1024): {(128, 2, False): 137.88, (192, 2, False): 129.54, (256, 2, False): 106.67, (112, 3, True): 138.46, (96, 3, True): 123.93, (80, 3, True): 127.51, (64, 3, True): 140.79, (128, 2, True): 118.17, (160, 2, True): 131.32},
+    (3, 2048): {(128, 2, False): 261.92, (192, 2, False): 235.54, (256, 2, False): 224.0, (112, 3, True): 229.94, (96, 3, True): 211.23, (80, 3, True): 243.84, (64, 3, True): 241.6, (128, 2, True): 238.0, (160, 2, True): 212.75},
+    (4, 512): {(128, 2, False): 111.82, (192, 2, False): 78.08, (256, 2, False): 93.88, (112, 3, True): 73.53, (96, 3, True): 129.0, (80, 3, True): 117.82, (64, 3, True): 102.42, (128, 2, True): 103.95, (160, 2, True): 120.45},
+    (4, 768): {(128, 2, False): 116.67, (192, 2, False): 152.61, (256, 2, False): 97.08, (112, 3, True): 145.82, (96, 3, True): 127.1, (80, 3, True): 127.24, (64, 3, True): 142.84, (128, 2, True): 114.67, (160, 2, True): 132.18},
+    (4, 1024): {(128, 2, False): 170.86, (192, 2, False): 158.63, (256, 2, False): 187.79, (112, 3, True): 141.07, (96, 3, True): 140.69, (80, 3, True): 189.14, (64, 3, True): 154.34, (128, 2, True): 172.54, (160, 2, True): 142.74},
+    (4, 1536): {(128, 2, False): 245.57, (192, 2, False): 238.49, (256, 2, False): 194.64, (112, 3, True): 222.26, (96, 3, True): 209.14, (80, 3, True): 240.21, (64, 3, True): 235.99, (128, 2, True): 235.26, (160, 2, True): 209.38},
+    (4, 2048): {(128, 2, False): 311.26, (192, 2, False): 270.35, (256, 2, False): 310.56, (112, 3, True): 296.28, (96, 3, True): 282.9, (80, 3, True): 312.96, (64, 3, True): 310.76, (128, 2, True): 307.26, (160, 2, True): 288.56},
+    (8, 512): {(128, 2, False): 175.33, (192, 2, False): 173.58, (256, 2, False): 163.47, (112, 3, True): 149.2, (96, 3, True): 201.78, (80, 3, True): 193.21, (64, 3, True): 174.24, (128, 2, True): 169.56, (160, 2, True): 199.34},
+    (8, 1024): {(128, 2, False): 344.2, (192, 2, False): 320.98, (256, 2, False): 281.41, (112, 3, True): 317.07, (96, 3, True): 287.78, (80, 3, True): 332.44, (64, 3, True): 329.94, (128, 2, True): 300.23, (160, 2, True): 297.2},
+    (8, 1536): {(128, 2, False): 510.35, (192, 2, False): 435.25, (256, 2, False): 411.03, (112, 3, True): 455.44, (96, 3, True): 423.54, (80, 3, True): 483.95, (64, 3, True): 458.94, (128, 2, True): 427.47, (160, 2, True): 443.38},
+    (8, 2048): {(128, 2, False): 676.93, (192, 2, False): 614.02, (256, 2, False): 530.89, (112, 3, True): 555.58, (96, 3, True): 564.06, (80, 3, True): 658.32, (64, 3, True): 683.85, (128, 2, True): 626.28, (160, 2, True): 594.56},
+    (16, 512): {(128, 2, False): 339.06, (192, 2, False): 323.23, (256, 2, False): 287.58, (112, 3, True): 321.69, (96, 3, True): 355.73, (80, 3, True): 371.77, (64, 3, True): 358.5, (128, 2, True): 303.67, (160, 2, True): 362.62},
+    (16, 1024): {(128, 2, False): 682.8, (192, 2, False): 634.49, (256, 2, False): 523.82, (112, 3, True): 632.0, (96, 3, True): 576.29, (80, 3, True): 697.64, (64, 3, True): 708.63, (128, 2, True): 608.08, (160, 2, True): 617.52},
+}
+
+
+@pytest.mark.parametrize("kv_heads,m", sorted(HBM_WEIGHT_SWEEP))
+def test_the_grid_cost_picks_a_measured_fastest_tile_where_the_weight_streams_from_hbm(kv_heads, m):
+    row = HBM_WEIGHT_SWEEP[kv_heads, m]
+    tile = Q.tile_for(m, kv_heads)
+    candidates = {(t.tokens, t.heads, t.whole_k) for t in Q.WAVE_TILES}
+    pick = (tile.tokens, tile.heads, tile.whole_k)
+    assert pick in row, (kv_heads, m, tile)
+    assert row[pick] <= 1.035 * min(us for key, us in row.items() if key in candidates), (kv_heads, m, tile, row)
 
 
 def test_tiles_up_to_256_tokens_come_from_the_table():

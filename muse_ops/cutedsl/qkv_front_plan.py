@@ -117,9 +117,18 @@ TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128
          (256, 128, 2, 1), (384, 192, 2, 1), (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
 # The whole-K tiles (token tile, heads per CTA) a launch above WAVE_TILES_ABOVE tokens may take
-# besides TILES' two-head cluster tiles (wave_tile weighs them all). Measured: RESULTS.md.
-WHOLE_K_TILES = ((128, 2), (160, 2), (96, 3))
-WHOLE_K_FIXED_TOKENS = 0         # a whole-K CTA's fixed cost a stripe, in tokens of its tile (grid_cost)
+# besides TILES' two-head cluster tiles (wave_tile weighs them all). Tiles below 112 tokens run an
+# SM's wgmmas slower: each k16 wgmma reads its 64 weight rows and its token rows from shared
+# memory, so the bytes a FLOP cost grow as 1 / tokens + 1 / 64 (at Hkv 2 and 1024 tokens, 80 and
+# 96 tokens x 2 heads ran at 0.28-0.32 us a head-token against 0.22 at 112-160). Measured:
+# RESULTS.md (thirty-sixth and thirty-seventh sessions).
+WHOLE_K_TILES = ((128, 2), (160, 2), (96, 3), (112, 3))
+# A whole-K CTA's fixed cost in grid_cost, in tokens of two heads: none where the weight streams
+# from the L2 (Hkv 1 and 2; fitted to the thirty-sixth session's sweep), WHOLE_K_HBM_FIXED_TOKENS
+# where it streams from HBM (Hkv >= 3: the thirty-seventh's sweep at Hkv 3, 4, 8 and 16, where any
+# value from 59 to 71 picks a tile within 3% of the fastest at every measured row).
+WHOLE_K_L2_FIXED_TOKENS = 0
+WHOLE_K_HBM_FIXED_TOKENS = 64
 WHOLE_K_L2_COST_TENTHS = 5       # grid_cost's L2 bound of a whole-K grid (L2_COST_TENTHS of a cluster grid)
 
 
@@ -329,14 +338,16 @@ def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
     """wave_tile's cost of a launch's grid, in integers (x 10 SM_TARGET): ceil(C / SM_TARGET) waves
     of one CTA an SM, C = token tiles x head groups (x the K split for a cluster tile). A wave of
     cluster CTAs costs their tile's tokens plus TILE_FIXED_TOKENS (heads / 2 of them, over 1 / S of
-    K); a wave of whole-K CTAs costs S stripes of heads / 2 x tokens plus WHOLE_K_FIXED_TOKENS.
+    K); a wave of whole-K CTAs costs S stripes of heads / 2 x tokens, plus WHOLE_K_L2_FIXED_TOKENS
+    or WHOLE_K_HBM_FIXED_TOKENS (whether the weight fits the L2).
     Where the weight fits the L2 a grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x
     (the CTA's weight rows + its tokens) a K share: its operands then all stream from the L2, and
     many small tiles are bound by that traffic."""
     split, groups = k_split(kv_heads), heads(kv_heads) // tile.heads
     ctas = -(-m // tile.tokens) * groups
     if tile.whole_k:
-        wave = split * (tile.heads * tile.tokens // 2 + WHOLE_K_FIXED_TOKENS)
+        fixed = WHOLE_K_L2_FIXED_TOKENS if weight_fits_l2(kv_heads) else WHOLE_K_HBM_FIXED_TOKENS
+        wave = split * tile.heads * tile.tokens // 2 + fixed
         shares, l2_tenths = split, WHOLE_K_L2_COST_TENTHS
     else:
         ctas *= split
@@ -353,15 +364,12 @@ WAVE_TILES = CLUSTER_WAVE_TILES + tuple(t for t in LAUNCH_TILES if t.whole_k)
 
 
 def wave_tile(m: int, kv_heads: int, candidates: tuple | None = None) -> Tile:
-    """The tile of the least grid_cost among `candidates`, the larger tile on a tie: by default
-    TILES' two-head cluster tiles, and WHOLE_K_TILES too where the weight fits the L2 (Hkv 1 and
-    2). Where it does not, grid_cost does not describe whole-K grids (at Hkv 8 M=1024 it predicted
-    a whole-K tile 24% faster than the cluster tile; it was 2% faster), so whole-K tiles wait for
-    a sweep there. The cost is computed in integers; the C++ ops look its choice up in the tables
-    Python hands them. Every tile gives a token the same bits, so the cost only decides the time
-    (bench/RESULTS.md has the sweeps it is fitted to)."""
+    """The tile of the least grid_cost among `candidates` (by default TILES' two-head cluster tiles
+    and WHOLE_K_TILES), the larger tile on a tie. The cost is computed in integers; the C++ ops
+    look its choice up in the tables Python hands them. Every tile gives a token the same bits, so
+    the cost only decides the time (bench/RESULTS.md has the sweeps it is fitted to)."""
     if candidates is None:
-        candidates = WAVE_TILES if weight_fits_l2(kv_heads) else CLUSTER_WAVE_TILES
+        candidates = WAVE_TILES
     return min(candidates, key=lambda t: (grid_cost(m, kv_heads, t), -t.tokens * t.heads))
 
 
@@ -396,12 +404,11 @@ def tile_config(tile: Tile, rope: bool, pos_dtype: str = "int64", slot_dtype: st
 
 
 def deployment_variants(kv_heads: int, rope: bool, fp8: bool = False) -> list[QkvFrontConfig]:
-    """Every variant a deployment may launch for M = 1 .. any: one per token tile (whole-K tiles
-    only where wave_tile weighs them: the weight fits the L2), for int64 positions and slots (as
-    muse_ops.PagedBatch builds them) and for int32 (what some engines pass). Mixed index dtypes
-    compile on first use. kv_heads is a run-time dimension."""
-    tiles = [t for t in LAUNCH_TILES if weight_fits_l2(kv_heads) or not t.whole_k]
-    return [tile_config(tile, rope, d, d, fp8) for tile in tiles for d in INDEX_DTYPES]
+    """Every variant a deployment may launch for M = 1 .. any: one per token tile, for int64
+    positions and slots (as muse_ops.PagedBatch builds them) and for int32 (what some engines
+    pass). Mixed index dtypes compile on first use. kv_heads is a run-time dimension (every Hkv
+    compiles the same tiles)."""
+    return [tile_config(tile, rope, d, d, fp8) for tile in LAUNCH_TILES for d in INDEX_DTYPES]
 
 
 def ci_variants() -> list[QkvFrontConfig]:

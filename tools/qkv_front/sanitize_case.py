@@ -3,7 +3,7 @@ synccheck): M = 3 (8-token tile), 40 (64), 100 (128, one head a CTA), 300 (192, 
 checked against float64; RoPE on, padding slots, Hkv 2 and 1 (3-CTA split-K clusters), and M = 40
 at Hkv 8 (2-CTA clusters, 288 CTAs); then an FP8 cache (M = 40 and 300, per-head scales), and the
 development knob x_multicast (clusters of 6 CTAs at Hkv 2, of 6 with a helper CTA at Hkv 1, of 2 at
-Hkv 4), and whole-K tiles (three heads at Hkv 2, two-head at Hkv 1 and 8). GPU machine: compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
+Hkv 4), and whole-K tiles (three heads at Hkv 2 and 4, two-head at Hkv 1 and 8). GPU machine: compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
 (PART=sanitize tools/device_run.sh runs every tool on both ops' cases). SANITIZE_FROM=k starts at
 the k-th case (racecheck is slow: the rest of a run that timed out)."""
 import os
@@ -26,7 +26,7 @@ for i, (m, kv_heads, over) in enumerate( ((3, 2, None), (40, 2, None), (100, 1, 
                           (300, 2, {"x_multicast": True}), (300, 1, {"x_multicast": True}),
                           (200, 4, {"x_multicast": True}),
                           (300, 2, {"whole_k": True, "tile": (96, 3)}), (200, 1, {"whole_k": True, "tile": (160, 2)}),
-                          (100, 8, {"whole_k": True, "tile": (64, 2)}))):
+                          (100, 8, {"whole_k": True, "tile": (64, 2)}), (300, 4, {"whole_k": True, "tile": (112, 3)}))):
     if i < first:
         continue
     x, w, pos, slots, cache = make_inputs(m, kv_heads, seed=m, pad=m // 4)
@@ -35,7 +35,7 @@ for i, (m, kv_heads, over) in enumerate( ((3, 2, None), (40, 2, None), (100, 1, 
     torch.cuda.synchronize()
     check_against_float64(x, w, pos, slots, cs, before, cache, y, kv_heads)
     print(f"M={m} Hkv={kv_heads} {over or ''} ok, flag {int(err.item())}", flush=True)
-for i, (m, kv_heads) in enumerate(((40, 2), (300, 2)), start=11):
+for i, (m, kv_heads) in enumerate(((40, 2), (300, 2)), start=12):
     if i < first:
         continue
     x, w, pos, slots, _ = make_inputs(m, kv_heads, seed=m + 1, pad=m // 4)
