@@ -117,11 +117,10 @@ TILES = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 1), (64, 64, 1, 1), (128, 128
          (256, 128, 2, 1), (384, 192, 2, 1), (1 << 62, 256, 2, 1))
 TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
 # The whole-K tiles (token tile, heads per CTA) a launch above WAVE_TILES_ABOVE tokens may take
-# besides TILES' two-head cluster tiles (wave_tile weighs them all). Tiles below 112 tokens run an
-# SM's wgmmas slower: each k16 wgmma reads its 64 weight rows and its token rows from shared
-# memory, so the bytes a FLOP cost grow as 1 / tokens + 1 / 64 (at Hkv 2 and 1024 tokens, 80 and
-# 96 tokens x 2 heads ran at 0.28-0.32 us a head-token against 0.22 at 112-160). Measured:
-# RESULTS.md (thirty-sixth and thirty-seventh sessions).
+# besides TILES' two-head cluster tiles (wave_tile weighs them all). None has fewer than 96 tokens:
+# smaller ones run slower per token (each k16 wgmma reads its 64 weight rows and its token rows
+# from shared memory, so its bytes a FLOP grow as 1 / tokens + 1 / 64), and at Hkv 2 80 x 2 and
+# 96 x 2 lost at every measured M. Measured: RESULTS.md (thirty-sixth and thirty-seventh sessions).
 WHOLE_K_TILES = ((128, 2), (160, 2), (96, 3), (112, 3))
 # A whole-K CTA's fixed cost in grid_cost, in tokens of two heads: none where the weight streams
 # from the L2 (Hkv 1 and 2; fitted to the thirty-sixth session's sweep), WHOLE_K_HBM_FIXED_TOKENS
