@@ -92,6 +92,21 @@ def time_graph_us(graph: torch.cuda.CUDAGraph, calls: int, n_sets: int, replays:
             "calls": calls}
 
 
+def round_robin_us(graphs: list, reference, n_sets: int, rounds: int = 3, replays: int = 15) -> tuple[list, list]:
+    """Interleaved A/B timing of captured graphs ((graph, calls) pairs) beside a reference one
+    (cuBLAS, say): every per-call us of each, `rounds` rounds. The reference opens each round and
+    the graphs follow from the round's index on, so each follows the reference in one round of
+    every len(graphs): a graph timed right after cuBLAS's read up to 20% high (bench/RESULTS.md,
+    thirty-seventh session), and a median over the rounds drops that one."""
+    times, ref = [[] for _ in graphs], []
+    for r in range(rounds):
+        ref.append(time_graph_us(*reference, n_sets, replays=replays)["us"])
+        for i in range(len(graphs)):
+            k = (r + i) % len(graphs)
+            times[k].append(time_graph_us(*graphs[k], n_sets, replays=replays)["us"])
+    return times, ref
+
+
 def eager_time_us(fn, n_sets: int, calls: int = 50) -> float:
     """Per-call time of back-to-back eager calls (host path included: when the host is slower
     than the kernel, this is the host's time per call)."""

@@ -636,3 +636,15 @@ def test_every_serving_suite_case_builds_on_the_cpu():
         run.kernel_bound([(c.bytes(), c.flops())], floors)
     layers = [LY.layer_case(s) for s in LY.SERVING_LAYER_CASES]
     assert {"B=128 L=8192", "B=128 L=8192 W=2048", "B=32 L=4096 Hkv=16"} <= {c.name for c in layers}
+
+
+def test_round_robin_opens_each_round_with_the_reference_and_rotates_what_follows_it(monkeypatch):
+    """bench.timing.round_robin_us (the A/B tools' timing): the reference graph opens every round,
+    and each graph follows it in one round of every len(graphs), so the bias of the slot right
+    after cuBLAS lands on each graph once; every graph is timed once a round."""
+    from bench import timing as T
+    order = []
+    monkeypatch.setattr(T, "time_graph_us", lambda graph, calls, n_sets, replays: order.append(graph) or {"us": 1.0})
+    times, ref = T.round_robin_us([("a", 1), ("b", 1), ("c", 1)], ("ref", 1), n_sets=2, rounds=3)
+    assert order == ["ref", "a", "b", "c", "ref", "b", "c", "a", "ref", "c", "a", "b"]
+    assert [len(t) for t in times] == [3, 3, 3] and len(ref) == 3

@@ -1,6 +1,6 @@
 """Interleaved A/B timing of qkv_front variants (overrides of the launch config) and cuBLAS, one
 CUDA graph per (M, variant) over rotating weight copies, timed round-robin (AB_ROUNDS rounds,
-each starting at the next variant; median of the rounds' medians). AB_M: M values; AB_VARIANTS: ';'-separated override dicts in
+bench/timing.round_robin_us; median of the rounds' medians). AB_M: M values; AB_VARIANTS: ';'-separated override dicts in
 Python syntax ({} = the default; "no_rope": True launches without cos_sin, unchecked; "kernel":
 "path/to/copy.py" compiles a copy of the kernel module instead, an A/B of two sources; "split":
 S forces another K split, which changes the bits by design). Checks every variant's y against
@@ -51,14 +51,8 @@ for m in ms:
             print(f"M={m} {v}: within tolerance {rep['ok']} (max {rep['max_abs']:.2e}){same}", flush=True)
         graphs.append(T.capture_calls(fn, inp.sets))
     cub = T.capture_calls(lambda i: torch.matmul(inp.xs[i], inp.weights[i].t()), inp.sets)
-    times = [[] for _ in range(len(graphs) + 1)]
-    timed = graphs + [cub]
-    for r in range(rounds):
-        # each round starts at another variant: the first slot of a round read up to 20% high
-        # (thirty-seventh session), and the median of the rounds drops it
-        for k in (list(range(len(timed)))[r % len(timed):] + list(range(len(timed)))[:r % len(timed)]):
-            g, calls = timed[k]
-            times[k].append(T.time_graph_us(g, calls, inp.sets, replays=15)["us"])
+    times, cub_times = T.round_robin_us(graphs, cub, inp.sets, rounds)
+    times.append(cub_times)
     for v, t in zip(variants + ["cublas matmul"], times):
         print(f"M={m:4d} {str(v):60s} {statistics.median(t):8.2f} us  ({' '.join(f'{x:.2f}' for x in t)})", flush=True)
     del graphs, cub, inp, ys

@@ -39,11 +39,8 @@ for h, m in cases:
         graphs.append(T.capture_calls(fn, inp.sets))
     same = all(torch.equal(o.view(torch.int16), outs[0].view(torch.int16)) for o in outs)
     cub = T.capture_calls(lambda i: torch.matmul(inp.xs[i], inp.weights[i].t()), inp.sets)
-    times = [[] for _ in range(len(graphs) + 1)]
-    for _ in range(3):
-        for k, (g, calls) in enumerate(graphs + [cub]):
-            times[k].append(T.time_graph_us(g, calls, inp.sets, replays=15)["us"])
-    med = [statistics.median(t) for t in times]
+    times, cub_times = T.round_robin_us(graphs, cub, inp.sets)
+    med = [statistics.median(t) for t in times + [cub_times]]
     old_us = med[1] if len(med) == 3 else med[0]
     line = (f"Hkv {h:2d} M {m:5d} new {new.tokens}x{new.heads}{'W' if new.whole_k else 'C'} {med[0]:8.2f}  "
             f"old {old.tokens}x{old.heads}C {old_us:8.2f}  cublas {med[-1]:8.2f}  new/old {med[0] / old_us:.3f} "
