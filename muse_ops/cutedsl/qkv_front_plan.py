@@ -125,7 +125,7 @@ WHOLE_K_TILES = ((128, 2), (160, 2), (96, 3), (112, 3))
 # A whole-K CTA's fixed cost in grid_cost, in tokens of two heads: none where the weight streams
 # from the L2 (Hkv 1 and 2; fitted to the thirty-sixth session's sweep), WHOLE_K_HBM_FIXED_TOKENS
 # where it streams from HBM (Hkv >= 3: the thirty-seventh's sweep at Hkv 3, 4, 8 and 16, where any
-# value from 59 to 71 picks a tile within 3% of the fastest at every measured row).
+# value from 59 to 71 picks a tile within 3.1% of the fastest at every measured row).
 WHOLE_K_L2_FIXED_TOKENS = 0
 WHOLE_K_HBM_FIXED_TOKENS = 64
 WHOLE_K_L2_COST_TENTHS = 5       # grid_cost's L2 bound of a whole-K grid (L2_COST_TENTHS of a cluster grid)
