@@ -84,6 +84,18 @@ def test_the_grid_cost_picks_a_measured_fastest_tile_where_the_weight_streams_fr
     assert row[pick] <= 1.035 * min(us for key, us in row.items() if key in candidates), (kv_heads, m, tile, row)
 
 
+def test_tile_runs_are_tile_for_at_every_m():
+    """tile_runs (what the C++ ops' tables hold) asks tile_for only where it may change: the same
+    tile as tile_for at every M up to 4096, at every Hkv the tables cover."""
+    for kv_heads in range(1, 17):
+        runs = Q.tile_runs(kv_heads, 4096)
+        assert runs[-1][0] == 4096 and all(a[1] != b[1] for a, b in zip(runs, runs[1:]))
+        first = 1
+        for last, tile in runs:
+            assert all(Q.tile_for(m, kv_heads) == tile for m in range(first, last + 1)), (kv_heads, first, last)
+            first = last + 1
+
+
 def test_tiles_up_to_256_tokens_come_from_the_table():
     for kv_heads in (1, 2, 4, 8, 16):
         for m in range(1, Q.WAVE_TILES_ABOVE + 1):

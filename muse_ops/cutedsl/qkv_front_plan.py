@@ -327,6 +327,25 @@ def tile_for(m: int, kv_heads: int) -> Tile:
     raise AssertionError(m)
 
 
+def tile_runs(kv_heads: int, limit: int) -> list[tuple[int, Tile]]:
+    """tile_for(m, kv_heads) for m = 1 .. limit as runs (last m, tile), evaluated only where it may
+    change: past a TILES row's limit, and past a multiple of a wave tile's tokens (grid_cost sees m
+    only through its token tiles, ceil(m / tokens)). What the C++ ops' tables hold (shims), at a
+    fraction of the cost of asking every m."""
+    starts = {1, WAVE_TILES_ABOVE + 1} | {row[0] + 1 for row in TILES if row[0] < limit}
+    starts |= {k * t.tokens + 1 for t in WAVE_TILES for k in range(1, limit // t.tokens + 1)}
+    starts = sorted(x for x in starts if x <= limit)
+    runs: list[tuple[int, Tile]] = []
+    for i, start in enumerate(starts):
+        last = starts[i + 1] - 1 if i + 1 < len(starts) else limit
+        tile = tile_for(start, kv_heads)
+        if runs and runs[-1][1] == tile:
+            runs[-1] = (last, tile)
+        else:
+            runs.append((last, tile))
+    return runs
+
+
 def weight_fits_l2(kv_heads: int) -> bool:
     """Whether the projection's weight (heads x 64 rows of HIDDEN bf16) fits L2_RESIDENT_BYTES
     (Hkv 1 and 2: 19 and 38 MB)."""
