@@ -316,6 +316,7 @@ class QkvFrontConfig:
         return cfg
 
 
+@functools.lru_cache(maxsize=4096)   # every eager launch asks (wave_tile weighs 7 tiles: ~11 us)
 def tile_for(m: int, kv_heads: int) -> Tile:
     """The tile of a launch of m tokens at kv_heads: by M from TILES up to WAVE_TILES_ABOVE tokens,
     above by the grid's cost (wave_tile). Every tile gives a token the same bits."""
