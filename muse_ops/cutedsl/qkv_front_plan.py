@@ -362,10 +362,10 @@ def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
     Where the weight fits the L2 a grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x
     (the CTA's weight rows + its tokens) a K share: its operands then all stream from the L2, and
     many small tiles are bound by that traffic."""
-    split, groups = k_split(kv_heads), heads(kv_heads) // tile.heads
+    split, groups, in_l2 = k_split(kv_heads), heads(kv_heads) // tile.heads, weight_fits_l2(kv_heads)
     ctas = -(-m // tile.tokens) * groups
     if tile.whole_k:
-        fixed = WHOLE_K_L2_FIXED_TOKENS if weight_fits_l2(kv_heads) else WHOLE_K_HBM_FIXED_TOKENS
+        fixed = WHOLE_K_L2_FIXED_TOKENS if in_l2 else WHOLE_K_HBM_FIXED_TOKENS
         wave = split * tile.heads * tile.tokens // 2 + fixed
         shares, l2_tenths = split, WHOLE_K_L2_COST_TENTHS
     else:
@@ -373,7 +373,7 @@ def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
         wave = tile.heads * tile.tokens // 2 + TILE_FIXED_TOKENS
         shares, l2_tenths = 1, L2_COST_TENTHS
     cost = -(-ctas // SM_TARGET) * wave * 10 * SM_TARGET
-    if weight_fits_l2(kv_heads):
+    if in_l2:
         cost = max(cost, l2_tenths * ctas * shares * (tile.heads * HEAD_DIM + tile.tokens))
     return cost
 

@@ -174,7 +174,8 @@ def kv_heads_row(kv_heads: int) -> str:
     TABLE_MAX_TOKENS (as indices of qkv_front_plan.LAUNCH_TILES, the kernel keys' tiles)."""
     from ..config import HEAD_DIM, proj_cols, q_heads
     from . import qkv_front_plan as plan
-    runs = [v for last, tile in plan.tile_runs(kv_heads, TABLE_MAX_TOKENS) for v in (last, plan.LAUNCH_TILES.index(tile))]
+    runs = [v for last, tile in plan.tile_runs(kv_heads, TABLE_MAX_TOKENS)
+            for v in (last, plan.LAUNCH_TILES.index(tile))]
     return _row("kv_heads", kv_heads, plan.k_split(kv_heads), proj_cols(kv_heads), q_heads(kv_heads) * HEAD_DIM,
                 *runs)
 
