@@ -478,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop starting new contenders after this many seconds and mark the rest skipped "
                          "(0: no limit)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 evaluation")
+    ap.add_argument("--reverse-order", action="store_true",
+                    help="time each case's contenders in reverse order (ours last): does a contender's slot "
+                         "after another's change its time? (the tables keep their columns)")
     ap.add_argument("--render", nargs="*", default=None, help="render JSON result(s) as one markdown section (no run)")
     ap.add_argument("--append", default=None,
                     help="with --render: add the section to this file as its newest run (above its first dated one)")
@@ -630,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
             if out_of_time(op, case, names):
                 continue
             inp = build(case, device, l2, sets=2 if cpu else None)
-            row = run_case(op, case, inp, names, device, cpu, check, ref_for(case, inp), log, deadline)
+            order = names[::-1] if a.reverse_order else names
+            row = run_case(op, case, inp, order, device, cpu, check, ref_for(case, inp), log, deadline)
             summarize(row, floors, peers)
             result[op].append(row)
             del inp

@@ -648,3 +648,17 @@ def test_round_robin_opens_each_round_with_the_reference_and_rotates_what_follow
     times, ref = T.round_robin_us([("a", 1), ("b", 1), ("c", 1)], ("ref", 1), n_sets=2, rounds=3)
     assert order == ["ref", "a", "b", "c", "ref", "b", "c", "a", "ref", "c", "a", "b"]
     assert [len(t) for t in times] == [3, 3, 3] and len(ref) == 3
+
+
+def test_reverse_order_times_the_contenders_last_to_first_and_keeps_the_columns(tmp_path, capsys):
+    """--reverse-order runs each case's contenders from the last to the first (a check of whether
+    a contender's slot after another changes its time); the result's columns stay in their order."""
+    out = tmp_path / "r.json"
+    assert run.main(["--device", "cpu", "--cases", "M=8", "--contenders", "muse:cutedsl", "muse:reference",
+                     "--reverse-order", "--no-check", "--json", str(out)]) == 0
+    log = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["qkv_names"] == ["muse:cutedsl", "muse:reference"] and res["qkv_front"]
+    case = res["qkv_front"][0]["case"]
+    timed = [line.split()[len(case.split())] for line in log.splitlines() if line.strip().startswith(case + " ")]
+    assert timed[:2] == ["muse:reference", "muse:cutedsl"], log
