@@ -1,5 +1,5 @@
 """python -m muse_ops bench [--device cuda|cpu] [--quick | --suite fp8 | --suite serving] [--cache-dtype bf16,fp8] [--json PATH]
-                          [--markdown PATH] [--cases ...] [--contenders ...]
+                          [--markdown PATH] [--cases ...] [--contenders ...] [--reverse-order]
 
 The side-by-side table of docs/DESIGN.md section 14: each case timed by CUDA-graph replay over rotating
 input sets (cold L2, see bench/timing.py and bench/cases.py), for every muse_ops backend and the
@@ -29,6 +29,10 @@ KV capacity table (tokens per layer in 80 and 141 GB) follows. --suite fp8: issu
 tools/bench_fp8_device.sh runs it on the GPU machine. --suite serving: issue 49's case list
 (bench/cases.py SERVING_QKV_CASES beside cuBLAS's matmul alone, bench/layer.py SERVING_LAYER_CASES;
 no attn2, no chain).
+
+A case times its contenders one after another, ours first (right after the float64 check);
+--reverse-order times them last to first, to see whether that slot changes a time (the A/B tools
+found a graph timed right after cuBLAS's reading up to 20% high: bench/timing.round_robin_us).
 """
 from __future__ import annotations
 
