@@ -67,18 +67,17 @@ def make_case(lens, hkv, q_len, *, seed=0, extra_pages=64, window=0, device="cud
 
 
 def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE,
-               layout=None, ctas_per_sm=None, k_scale=None, v_scale=None, knobs=None):
+               layout=None, ctas_per_sm=None, k_scale=None, v_scale=None):
     """One launch into a NaN-poisoned out; layout ("wide" or "deep") and ctas_per_sm (0, 1, 2)
     force the layout and the occupancy cap (None: the host's pick); an FP8 cache takes k_scale /
-    v_scale (None: 1.0); knobs: more of the plan's overrides (attn2_plan.launch_config)."""
+    v_scale (None: 1.0)."""
     R, hkv = seq.shape[0], cache.shape[1]
     out = torch.full((q_len * R, GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=y.device)
     if ws is None:
         ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, max_seq_len), dtype=torch.uint8, device=y.device)
     if err is None:
         err = torch.zeros(1, dtype=torch.int32, device=y.device)
-    over = {k: v for k, v in (("layout", layout), ("ctas_per_sm", ctas_per_sm)) if v is not None}
-    over = {**over, **(knobs or {})} or None
+    over = {k: v for k, v in (("layout", layout), ("ctas_per_sm", ctas_per_sm)) if v is not None} or None
     copy = None if A.__name__ == "muse_ops.cutedsl.attn2" else A   # a dev tool's copy of the kernel
     dev.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale,
                      max_seq_len=max_seq_len, override=over, kernel=copy, k_scale=k_scale, v_scale=v_scale)
@@ -469,31 +468,6 @@ def test_fp8_layouts_and_caps_bit_identical(q_len, window):
     for key, out in outs[1:]:
         differ = int((out != outs[0][1]).sum())
         assert differ == 0, f"{key}: {differ} outputs differ from {outs[0][0]}"
-
-
-@gpu
-@pytest.mark.parametrize("q_len,window", [(8, 0), (1, 0), (8, 2048)])
-def test_fp8_convert_ahead_same_bits(q_len, window):
-    """Converting a step ahead (a development knob: step k + 1's keys and step k's values
-    converted while step k's S = Q K^T runs, KVRing.convert_ahead) gives the bits of converting each step
-    before its wgmmas, in both layouts, for CTAs of 0 to 4 ring steps and long ones (L around
-    multiples of 64 keys, tail pages), within tolerance of float64."""
-    A = _kernel()
-    msl, hkv = 1 << 15, 2
-    lens = [q_len, 9, 64, 65, 128, 129, 192, 193, 256, 257, 1000, 5000, 16500, 30001]
-    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=41, window=window, scales="head")
-    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
-    for layout in A.deployment_layouts(window):
-        outs = []
-        for ahead in (False, True):
-            assert A.launch_config(len(lens), hkv, q_len, window, msl, {"layout": layout, "convert_ahead": ahead},
-                                   fp8=True).convert_ahead == ahead
-            out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl,
-                                      layout=layout, k_scale=ks, v_scale=vs, knobs={"convert_ahead": ahead})
-            assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
-            assert check_close(out, ref)[0] == 0, (layout, ahead)
-            outs.append(out.view(torch.int16))
-        assert torch.equal(outs[0], outs[1]), (layout, int((outs[0] != outs[1]).sum()))
 
 
 @gpu

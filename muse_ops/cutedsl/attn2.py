@@ -388,23 +388,14 @@ class KVRing:
     f16), and the tail page's V rows >= L are
     written as zeros there instead of zero_tail_rows. A converted stage is free at once: the ring
     keeps `stages` steps in flight (cfg.steps_ahead), one more than bf16's, in about the bytes of
-    bf16's (cfg.smem_bytes).
-
-    Converting a step ahead (cfg.convert_ahead, a development knob: slower, bench/RESULTS.md): sK holds two key buffers, and a
-    staging stage's K and V halves complete on barriers of their own (half_barrier). Step k's
-    S = Q K^T reads the keys converted in step k - 1 (first_keys: step 0's), and while it runs
-    every thread converts step k's values into sV and step k + 1's keys into the other key buffer
-    (convert_ahead), off the path the wgmmas wait on; after the CTA barrier that publishes sV,
-    warp 0 refills the halves that freed during P V (refill_halves): each half is still loaded
-    `stages` steps before it is converted. The same conversion of the same bytes feeds the same
-    wgmmas: the bits do not change."""
+    bf16's (cfg.smem_bytes)."""
     tma_atom: cute.CopyAtom
     tKVg: cute.Tensor    # TMA view of the cache per box: (box, 1, K|V, Hkv, page)
     tKs: cute.Tensor     # the K ring per page box: (box, pages_per_step * stages) (fp8: the staging ring's)
     tVs: cute.Tensor     # the V ring, the same
-    sK: cute.Tensor      # (keys_per_step, 64, key_buffers) bf16 (fp8: f16), 128 B swizzle
-    sV: cute.Tensor      # (keys_per_step, 64, mma_stages), the same
-    full: cute.Pointer   # mbarriers full[0 .. stages) (convert_ahead: the K halves', then the V halves')
+    sK: cute.Tensor      # (keys_per_step, 64, mma_stages) bf16 (fp8: f16), 128 B swizzle
+    sV: cute.Tensor      # the same
+    full: cute.Pointer   # mbarriers full[0 .. stages)
     sPT: cute.Tensor     # int32 [page_table_max]: the CTA's page-table entries (physical page or -1)
     kv_head: Int32
     num_pages: Int32
@@ -469,7 +460,7 @@ class KVRing:
         if self.warp == 0:
             cpasync.prefetch_descriptor(self.tma_atom)
             with cute.arch.elect_one():
-                for stage in cutlass.range_constexpr(self.cfg.stages * (2 if self.cfg.convert_ahead else 1)):
+                for stage in cutlass.range_constexpr(self.cfg.stages):
                     cute.arch.mbarrier_init(self.full + stage, 1)
                 cute.arch.mbarrier_init_fence()
 
@@ -511,49 +502,23 @@ class KVRing:
     @cute.jit
     def load_step(self, k: Int32, stage: Int32):
         """Warp 0: TMA the K and V halves of the pages_per_step pages of local step k into ring
-        stage `stage`, one (16, 64) box each, completing on full[stage] (convert_ahead: each half
-        on its own barrier, load_half); a page sPT marks -1 is read at page index num_pages
-        (zero-filled)."""
-        if const_expr(self.cfg.convert_ahead):
-            self.load_half(k, stage, 0)
-            self.load_half(k, stage, 1)
-        else:
-            pages_per_step = self.cfg.pages_per_step
-            value_bytes = 1 if self.cfg.fp8 else 2
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(self.full + stage,
-                                                        pages_per_step * 2 * PAGE_SIZE * HEAD_DIM * value_bytes)
-            for p in cutlass.range_constexpr(pages_per_step):
-                phys = self.sPT[cutlass.min(k * pages_per_step + p, Int32(self.cfg.page_table_max - 1))]
-                src = phys
-                if phys < 0:
-                    src = self.num_pages
-                page = stage * pages_per_step + p
-                cute.copy(self.tma_atom, self.tKVg[None, 0, 0, self.kv_head, src], self.tKs[None, page],
-                          tma_bar_ptr=self.full + stage)
-                cute.copy(self.tma_atom, self.tKVg[None, 0, 1, self.kv_head, src], self.tVs[None, page],
-                          tma_bar_ptr=self.full + stage)
-
-    @cute.jit
-    def load_half(self, k: Int32, stage: Int32, kv: cutlass.Constexpr[int]):
-        """convert_ahead, warp 0: TMA the K (kv 0) or V (kv 1) boxes of local step k's pages into
-        that half of staging stage `stage`, completing on the half's own barrier (half_barrier)."""
+        stage `stage`, one (16, 64) box each, completing on full[stage]; a page sPT marks -1 is
+        read at page index num_pages (zero-filled)."""
         pages_per_step = self.cfg.pages_per_step
-        bar = self.half_barrier(stage, kv)
+        value_bytes = 1 if self.cfg.fp8 else 2
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(bar, pages_per_step * PAGE_SIZE * HEAD_DIM)
-        tS = self.tKs if const_expr(kv == 0) else self.tVs
+            cute.arch.mbarrier_arrive_and_expect_tx(self.full + stage,
+                                                    pages_per_step * 2 * PAGE_SIZE * HEAD_DIM * value_bytes)
         for p in cutlass.range_constexpr(pages_per_step):
             phys = self.sPT[cutlass.min(k * pages_per_step + p, Int32(self.cfg.page_table_max - 1))]
             src = phys
             if phys < 0:
                 src = self.num_pages
-            cute.copy(self.tma_atom, self.tKVg[None, 0, kv, self.kv_head, src], tS[None, stage * pages_per_step + p],
-                      tma_bar_ptr=bar)
-
-    def half_barrier(self, stage: Int32, kv: int):
-        """convert_ahead: the mbarrier of the K (kv 0) or V (kv 1) half of staging stage `stage`."""
-        return self.full + (kv * self.cfg.stages + stage)
+            page = stage * pages_per_step + p
+            cute.copy(self.tma_atom, self.tKVg[None, 0, 0, self.kv_head, src], self.tKs[None, page],
+                      tma_bar_ptr=self.full + stage)
+            cute.copy(self.tma_atom, self.tKVg[None, 0, 1, self.kv_head, src], self.tVs[None, page],
+                      tma_bar_ptr=self.full + stage)
 
     @cute.jit
     def prologue(self, n_steps: Int32, unwritten: Int32, before_wait: cutlass.Constexpr[bool]):
@@ -611,22 +576,14 @@ class KVRing:
         the same swizzle: one address, dst16, plus constants). V rows >= L (row >= tail_lo - k
         keys_per_step) are written as zeros instead: the cache may hold anything there (0 * NaN =
         NaN), and their logits are masked in StepMask."""
-        self.convert_half(k, stage, 0, self.dst16, tail_lo)
-        self.convert_half(k, stage, 1, self.dst16, tail_lo)
-
-    @cute.jit
-    def convert_half(self, k: Int32, stage: Int32, kv: cutlass.Constexpr[int], dst16: Int32, tail_lo: Int32):
-        """convert's share of one half of step k's staging stage: K (kv 0) into the key buffer at
-        dst16 (this thread's first piece there: self.dst16 plus a multiple of a buffer's bytes), or
-        V (kv 1) into sV, which follows sK's key_buffers buffers (dst16 = self.dst16)."""
         keys_per_step = self.cfg.keys_per_step
         per_half = self.cfg.pages_per_step          # chunks of a thread per K (or V) half of a step
-        step_bytes = keys_per_step * HEAD_DIM * 2   # one f16 step buffer
         src = self.src8 + stage * (2 * keys_per_step * HEAD_DIM)
         v_rows = tail_lo - k * keys_per_step          # V rows of the step below L
         row0 = self.tidx // 8
-        for h in cutlass.range_constexpr(per_half):
-            i = kv * per_half + h
+        for i in cutlass.range_constexpr(2 * per_half):
+            kv = i // per_half
+            h = i % per_half
             w0, w1 = Uint32(0), Uint32(0)
             if const_expr(kv == 0):
                 w0, w1 = ld_shared_v2_b32(src, i * THREADS * 8)
@@ -635,51 +592,7 @@ class KVRing:
                     w0, w1 = ld_shared_v2_b32(src, i * THREADS * 8)
             b0, b1 = e4m3x4_to_f16x4(w0)
             b2, b3 = e4m3x4_to_f16x4(w1)
-            st_shared_v4_b32(dst16, kv * self.cfg.key_buffers * step_bytes + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
-
-    @cute.jit
-    def first_keys(self, n_steps: Int32):
-        """convert_ahead, every thread, before the main loop: step 0's keys -> key buffer 0 of sK,
-        fenced for the wgmmas and published by a CTA barrier; then warp 0 refills the K half of
-        staging stage 0 with step `stages`' keys (the main loop's refills take the later ones)."""
-        if n_steps > 0:
-            cute.arch.mbarrier_wait(self.half_barrier(0, 0), 0)
-            self.convert_half(Int32(0), Int32(0), 0, self.dst16, Int32(0))
-        cute.arch.fence_view_async_shared()    # generic stores -> the wgmmas (async proxy)
-        cute.arch.sync_threads()
-        if self.warp == 0:
-            if self.cfg.stages < n_steps:
-                self.load_half(Int32(self.cfg.stages), Int32(0), 0)
-
-    @cute.jit
-    def convert_ahead(self, k: Int32, n_steps: Int32, tail_lo: Int32):
-        """convert_ahead, every thread, in step k while its S = Q K^T runs (after the step's first
-        CTA barrier: step k - 1's wgmmas are done in every warp): step k's values -> sV (rows >=
-        L as zeros) and step k + 1's keys, if the CTA has that step, -> key buffer (k + 1) % 2 of
-        sK, each once its half of the staging ring landed; then the proxy fence. A CTA barrier
-        must follow before the P V wgmma reads sV (and before refill_halves)."""
-        stages = self.cfg.stages
-        stage = k % stages
-        cute.arch.mbarrier_wait(self.half_barrier(stage, 1), (k // stages) % 2)
-        self.convert_half(k, stage, 1, self.dst16, tail_lo)
-        k1 = k + 1
-        if k1 < n_steps:
-            stage1 = k1 % stages
-            cute.arch.mbarrier_wait(self.half_barrier(stage1, 0), (k1 // stages) % 2)
-            self.convert_half(k1, stage1, 0, self.dst16 + (k1 % 2) * (self.cfg.keys_per_step * HEAD_DIM * 2), tail_lo)
-        cute.arch.fence_view_async_shared()    # generic stores -> the wgmmas (async proxy)
-
-    @cute.jit
-    def refill_halves(self, k: Int32, n_steps: Int32):
-        """convert_ahead, warp 0, in step k after the CTA barrier that follows convert_ahead: the V
-        half of stage k % stages (step k's values are converted) takes step k + stages' values,
-        the K half of stage (k + 1) % stages (step k + 1's keys are) step k + 1 + stages' keys."""
-        if self.warp == 0:
-            stages = self.cfg.stages
-            if k + stages < n_steps:
-                self.load_half(k + stages, k % stages, 1)
-            if k + 1 + stages < n_steps:
-                self.load_half(k + 1 + stages, (k + 1) % stages, 0)
+            st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
 
     @cute.jit
     def zero_tail_rows(self, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32):
@@ -1097,9 +1010,6 @@ class Attn2Sm90:
         # K-major wgmma layout; V read through a transposed view is the MN-major B of P V
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype)
         sRing_layout = cute.tile_to_shape(atom, (self.keys_per_step, HEAD_DIM, self.cfg.mma_stages), (0, 1, 2))
-        sKRing_layout = sRing_layout      # the K ring: the V ring's, or two step buffers (convert_ahead)
-        if const_expr(self.cfg.convert_ahead):
-            sKRing_layout = cute.tile_to_shape(atom, (self.keys_per_step, HEAD_DIM, self.cfg.key_buffers), (0, 1, 2))
         if const_expr(self.cfg.fp8):
             # e4m3 pages land unswizzled in the staging ring (KVRing.staging_layout)
             sPages_layout = KVRing.staging_layout(self.cfg)
@@ -1113,8 +1023,8 @@ class Attn2Sm90:
             occ = dict(min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)
         if const_expr(self.cluster_size > 1):
             occ["cluster"] = (self.cluster_size, 1, 1)
-        self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, mKScale, mVScale, tma_atom, mKV_tma, sKRing_layout, sRing_layout,
-                    sPages_layout, sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len, wave_ctas).launch(
+        self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, mKScale, mVScale, tma_atom, mKV_tma, sRing_layout, sPages_layout,
+                    sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len, wave_ctas).launch(
             grid=(self.cluster_size, kv_heads * num_requests, self.cfg.max_clusters), block=(THREADS, 1, 1),
             stream=stream, use_pdl=self.cfg.pdl, **occ)
 
@@ -1122,8 +1032,8 @@ class Attn2Sm90:
     def kernel(self, mY: cute.Tensor, mPT: cute.Tensor, mSeq: cute.Tensor,
                mOut: cute.Tensor, mWs: cute.Tensor, mErr: cute.Tensor,
                mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
-               tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sKRing_layout: cute.ComposedLayout,
-               sRing_layout: cute.ComposedLayout, sPages_layout, sQ_layout: cute.ComposedLayout,
+               tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sRing_layout: cute.ComposedLayout,
+               sPages_layout, sQ_layout: cute.ComposedLayout,
                num_pages: Int32, scale_log2: Float32, max_seq_len: Int32, wave_ctas: Int32):
         """One CTA (CtaPlace): split `split` of the reduction tree of (request, KV head), every
         query row of the pair (q_len * 8 rows, row m = token * 8 + head, zero-padded to the wgmma
@@ -1136,11 +1046,8 @@ class Attn2Sm90:
 
         # ---- shared memory
         smem = SmemAllocator()
-        # one mbarrier per ring stage (convert_ahead: per half of a staging stage, K then V)
-        full = smem.allocate_array(Int64, self.stages * (2 if self.cfg.convert_ahead else 1), byte_alignment=8)
-        # sV right after sK: KVRing's conversion addresses sV from sK (both 1 KB multiples)
-        sK = smem.allocate_tensor(self.mma_dtype, sKRing_layout.outer, byte_alignment=1024,
-                                  swizzle=sKRing_layout.inner)
+        full = smem.allocate_array(Int64, self.stages, byte_alignment=8)   # one mbarrier per ring stage
+        sK = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sV = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sQ = smem.allocate_tensor(self.mma_dtype, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
         s8 = None
@@ -1338,8 +1245,6 @@ class Attn2Sm90:
             real_rows = Int32(cta.warp == 0)
         tail_lo = tree.seq_len - (steps.page_base * PAGE_SIZE)      # first row >= L, relative to the split
         tail_hi = (tree.last_page + 1 - steps.page_base) * PAGE_SIZE
-        if const_expr(self.cfg.convert_ahead):
-            ring.first_keys(steps.count)
 
         for k in cutlass.range(steps.count, unroll=1):
             stage = k % stages
@@ -1353,7 +1258,7 @@ class Attn2Sm90:
                 k_next = k + stages - 1
             if const_expr(not self.wide and not self.cfg.fp8):
                 ring.refill(k_next, steps.count)
-            if const_expr(self.cfg.fp8 and not self.cfg.convert_ahead):
+            if const_expr(self.cfg.fp8):
                 # the conversion first: nothing of the step's masks is live across it (registers)
                 ring.ready(k, stage, tail_lo, tail_hi)
                 if const_expr(not self.wide):
@@ -1367,13 +1272,7 @@ class Attn2Sm90:
             # the refill while this wgmma runs, off the path the other warps wait on at it; deep
             # refills before it, since its long CTAs want each load issued as early as possible
             # (bench/RESULTS.md)
-            if const_expr(self.cfg.convert_ahead):
-                # on the keys converted in step k - 1 (or first_keys); meanwhile this step's values
-                # and the next step's keys are converted, off the wgmmas' path
-                wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, k % 2], True)
-                ring.convert_ahead(k, steps.count, tail_lo)
-                cute.nvgpu.warpgroup.wait_group(0)
-            elif const_expr(self.wide):
+            if const_expr(self.wide):
                 wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, mma_stage], True)
                 ring.refill(k_next, steps.count)
                 cute.nvgpu.warpgroup.wait_group(0)
@@ -1389,17 +1288,9 @@ class Attn2Sm90:
 
             # ---- P -> 16-bit A fragment (the C layout of S is the A layout of P V); O += P V.
             # fp8: f16 (p <= 2^8: SoftmaxPartial.update), three more bits than bf16
-            if const_expr(self.cfg.convert_ahead):
-                cute.arch.sync_threads()      # every thread's values of step k are in sV
             for q in cutlass.range_constexpr(cute.size(tOrP32)):
                 tOrP32[q] = pack_x2(tSrS[2 * q], tSrS[2 * q + 1], self.mma_kind)
-            if const_expr(self.cfg.convert_ahead):
-                # warp 0 refills the staging halves step k freed while this wgmma runs
-                wgmma_commit(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
-                ring.refill_halves(k, steps.count)
-                cute.nvgpu.warpgroup.wait_group(0)
-            else:
-                wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
+            wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
 
             if const_expr(self.second_accumulator):
                 if k + 1 == chunk_end:

@@ -153,11 +153,6 @@ class Attn2Config:
     ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
     early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
     fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
-    # fp8, a development knob: step k + 1's keys are converted while step k's S = Q K^T runs, into
-    # the second of two f16 key buffers, and step k's values while it runs too
-    # (KVRing.convert_ahead); off: the step converts its own keys and values before its wgmmas.
-    # The same bits either way; slower (bench/RESULTS.md)
-    convert_ahead: bool = False
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -208,10 +203,6 @@ class Attn2Config:
         return 1 if self.fp8 else self.stages
 
     @property
-    def key_buffers(self):     # 16-bit K stages the wgmmas read: mma_stages, or two (convert_ahead)
-        return 2 if self.convert_ahead else self.mma_stages
-
-    @property
     def steps_ahead(self):     # ring steps in flight while a step computes: a bf16 stage is free once
         # its wgmmas are done, an FP8 one once it is converted (before them)
         return self.stages if self.fp8 else self.stages - 1
@@ -222,9 +213,8 @@ class Attn2Config:
 
     @property
     def smem_bytes(self):      # what the kernel allocates (attn2.py, kernel), alignment included
-        step = self.keys_per_step * HEAD_DIM * 2
-        return (1024 + (self.key_buffers + self.mma_stages) * step + M_TILE * HEAD_DIM * 2 + self.staging_bytes
-                + _round_up(4 * self.page_table_max, 16)
+        ring = self.mma_stages * self.keys_per_step * HEAD_DIM * 2
+        return (1024 + 2 * ring + M_TILE * HEAD_DIM * 2 + self.staging_bytes + _round_up(4 * self.page_table_max, 16)
                 + 16 + 8 * self.query_rows)
 
     @property
@@ -243,14 +233,13 @@ class Attn2Config:
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
-               early_ring: bool = True, fp8: bool = False, convert_ahead: bool = False) -> "Attn2Config":
+               early_ring: bool = True, fp8: bool = False) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
         # in keys; a dev knob) was slower: bench/RESULTS.md. early_ring (the prologue's old rows
         # before the PDL wait) is on by default (RESULTS.md); none of these changes the bits.
-        # fp8: the same variants over an e4m3 cache (its ring: KVRing in attn2.py); convert_ahead
-        # (a dev knob) was slower in every case measured (bench/RESULTS.md)
+        # fp8: the same variants over an e4m3 cache (its ring: KVRing in attn2.py)
         assert layout in LAYOUTS, layout
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
@@ -268,7 +257,6 @@ class Attn2Config:
         chunk_max = max(p[0] for p in plans)
         nodes_max = max(p[3] for p in plans)
         explicit_stages = stages
-        convert_ahead = fp8 and bool(convert_ahead)
         if stages is None:
             stages = 2   # a capped variant may take more (CAPPED_RING_STAGES, below)
         if min_blocks is None:
@@ -276,20 +264,18 @@ class Attn2Config:
             # chunk per sub, a dev override now); wide: 5 (96 registers: unbounded, the loads
             # before the PDL wait took it to 104, 4 CTAs per SM, slower: RESULTS.md)
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
-            if convert_ahead:
-                min_blocks = 4    # its second key buffer leaves shared memory for 4 CTAs an SM
             if ctas_per_sm and q_len in CAPPED_REGISTER_Q_LENS:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
-                          early_ring, fp8, convert_ahead)
+                          early_ring, fp8)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
             if deeper.smem_bytes <= OCCUPANCY_SMEM_BYTES[ctas_per_sm]:
                 cfg = deeper
         # the merge buffer (query rows x 64 fp32) reuses the K and V rings (fp8: the f16 step buffer)
-        assert (cfg.key_buffers + cfg.mma_stages) * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
+        assert 2 * cfg.mma_stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         return cfg
 
