@@ -30,9 +30,10 @@ tools/bench_fp8_device.sh runs it on the GPU machine. --suite serving: issue 49'
 (bench/cases.py SERVING_QKV_CASES beside cuBLAS's matmul alone, bench/layer.py SERVING_LAYER_CASES;
 no attn2, no chain).
 
-A case times its contenders one after another, ours first (right after the float64 check);
---reverse-order times them last to first, to see whether that slot changes a time (the A/B tools
-found a graph timed right after cuBLAS's reading up to 20% high: bench/timing.round_robin_us).
+On a GPU a case captures every contender's graph, then times them side by side in rotating order
+(bench/timing.interleaved_us: one after another, a slot's reading depends on what ran before it);
+--reverse-order builds and checks them last to first, ours last (how the thirty-eighth session
+found the first slot reading low).
 """
 from __future__ import annotations
 
@@ -133,6 +134,7 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
     row["kernels"] = case.kernels() if hasattr(case, "kernels") else [(row["bytes"], row["flops"])]
     ref = None
     import time
+    captured = []     # (name, (graph, calls)) of each contender, timed side by side at the end
     for name in names:
         if deadline is not None and time.perf_counter() > deadline:
             row["results"][name] = {"skipped": "time budget (--budget-s) spent: rerun with --cases"}
@@ -156,11 +158,11 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
                 row["ran"][name] = K.ran_backends(kind)
             if cpu:
                 row["results"][name] = {"us": T.cpu_time_us(fn, inp.sets)}
+                log(f"  {case.name:28s} {name:18s} {row['results'][name]['us']:10.2f} us")
             else:
-                row["results"][name] = T.graph_time_us(fn, inp.sets)
+                captured.append((name, T.capture_calls(fn, inp.sets)))
                 if name.startswith("muse:"):
                     row["eager_us"][name] = T.eager_time_us(fn, inp.sets)
-            log(f"  {case.name:28s} {name:18s} {row['results'][name]['us']:10.2f} us")
         except K.Absent as exc:
             row["results"][name] = {"absent": str(exc)}
             log(f"  {case.name:28s} {name:18s} absent: {exc}")
@@ -172,6 +174,17 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
         finally:
             if not cpu:
                 torch.cuda.synchronize()
+    if captured:   # every contender's graph, in rotating order (T.interleaved_us says why)
+        try:
+            timed = T.interleaved_us([g for _, g in captured], inp.sets)
+        except Exception as exc:
+            timed = [{"error": f"timing: {type(exc).__name__}: {str(exc)[:300]}"}] * len(captured)
+        for (name, _), res in zip(captured, timed):
+            row["results"][name] = res
+            rounds = " ".join(f"{t:.2f}" for t in res.get("rounds", []))
+            log(f"  {case.name:28s} {name:18s} {res.get('us', float('nan')):10.2f} us  (rounds {rounds})")
+        del captured
+        torch.cuda.synchronize()
     return row
 
 
@@ -483,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(0: no limit)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 evaluation")
     ap.add_argument("--reverse-order", action="store_true",
-                    help="time each case's contenders in reverse order (ours last): does a contender's slot "
-                         "after another's change its time? (the tables keep their columns)")
+                    help="build, check and capture each case's contenders last to first (ours last; they are "
+                         "then timed side by side in rotating order; the tables keep their columns)")
     ap.add_argument("--render", nargs="*", default=None, help="render JSON result(s) as one markdown section (no run)")
     ap.add_argument("--append", default=None,
                     help="with --render: add the section to this file as its newest run (above its first dated one)")

@@ -107,6 +107,25 @@ def round_robin_us(graphs: list, reference, n_sets: int, rounds: int = 3, replay
     return times, ref
 
 
+def interleaved_us(graphs: list, n_sets: int, rounds: int = 0, replays: int = REPLAYS) -> list[dict]:
+    """Per-call us of captured graphs ((graph, calls) pairs) timed side by side, as the bench times
+    a case's contenders: `rounds` rounds (0: max(3, len(graphs))), each timing every graph once
+    (time_graph_us, its warm-up included), round r in the order rotated by r, so each graph opens
+    one round of every len(graphs) and follows each of the others in turn. One after another, a
+    slot's reading depends on what ran before it: the first graph timed after a case's float64
+    check read up to 10% low against the same graph timed last (bench/RESULTS.md, thirty-eighth
+    session), and a graph right after cuBLAS's up to 20% high (thirty-seventh). Per graph: the
+    median of its rounds' medians ("us"), the lowest and highest of them ("p20" / "p80")."""
+    rounds = rounds or max(3, len(graphs))
+    per = [[] for _ in graphs]
+    for r in range(rounds):
+        for i in range(len(graphs)):
+            k = (r + i) % len(graphs)
+            per[k].append(time_graph_us(*graphs[k], n_sets, replays=replays)["us"])
+    return [{"us": statistics.median(p), "p20": min(p), "p80": max(p), "rounds": p, "replays": replays,
+             "sets": n_sets, "calls": g[1]} for p, g in zip(per, graphs)]
+
+
 def eager_time_us(fn, n_sets: int, calls: int = 50) -> float:
     """Per-call time of back-to-back eager calls (host path included: when the host is slower
     than the kernel, this is the host's time per call)."""

@@ -662,3 +662,19 @@ def test_reverse_order_times_the_contenders_last_to_first_and_keeps_the_columns(
     case = res["qkv_front"][0]["case"]
     timed = [line.split()[len(case.split())] for line in log.splitlines() if line.strip().startswith(case + " ")]
     assert timed[:2] == ["muse:reference", "muse:cutedsl"], log
+
+
+def test_interleaved_us_rotates_the_graphs_round_by_round(monkeypatch):
+    """bench.timing.interleaved_us (how the bench times a case's contenders on a GPU): every graph
+    once a round, round r starting at graph r, max(3, n) rounds by default; per graph the median of
+    its rounds, with the lowest and highest beside it."""
+    from bench import timing as T
+    order = []
+    # each timing reads its own position in the run: 1, 2, 3, ...
+    monkeypatch.setattr(T, "time_graph_us", lambda graph, calls, n_sets, replays: order.append(graph) or {"us": len(order)})
+    res = T.interleaved_us([("a", 1), ("b", 2), ("c", 3), ("d", 4)], n_sets=2)
+    assert "".join(order) == "abcd" "bcda" "cdab" "dabc"
+    assert res[0]["rounds"] == [1, 8, 11, 14] and res[0]["us"] == 9.5
+    assert (res[0]["p20"], res[0]["p80"]) == (1, 14) and res[1]["calls"] == 2
+    order.clear()
+    assert T.interleaved_us([("x", 1)], n_sets=1)[0]["rounds"] == [1, 2, 3]
