@@ -134,7 +134,10 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
     row["kernels"] = case.kernels() if hasattr(case, "kernels") else [(row["bytes"], row["flops"])]
     ref = None
     import time
-    captured = []     # (name, (graph, calls)) of each contender, timed side by side at the end
+    # (name, (graph, calls), fn) of each contender, timed side by side at the end; fn stays
+    # referenced until then: a graph does not keep alive the tensors its closure owns (outputs,
+    # workspaces), and once freed the next contender's allocations take their memory
+    captured = []
     for name in names:
         if deadline is not None and time.perf_counter() > deadline:
             row["results"][name] = {"skipped": "time budget (--budget-s) spent: rerun with --cases"}
@@ -160,7 +163,7 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
                 row["results"][name] = {"us": T.cpu_time_us(fn, inp.sets)}
                 log(f"  {case.name:28s} {name:18s} {row['results'][name]['us']:10.2f} us")
             else:
-                captured.append((name, T.capture_calls(fn, inp.sets)))
+                captured.append((name, T.capture_calls(fn, inp.sets), fn))
                 if name.startswith("muse:"):
                     row["eager_us"][name] = T.eager_time_us(fn, inp.sets)
         except K.Absent as exc:
@@ -176,10 +179,10 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
                 torch.cuda.synchronize()
     if captured:   # every contender's graph, in rotating order (T.interleaved_us says why)
         try:
-            timed = T.interleaved_us([g for _, g in captured], inp.sets)
+            timed = T.interleaved_us([g for _, g, _ in captured], inp.sets)
         except Exception as exc:
             timed = [{"error": f"timing: {type(exc).__name__}: {str(exc)[:300]}"}] * len(captured)
-        for (name, _), res in zip(captured, timed):
+        for (name, _, _), res in zip(captured, timed):
             row["results"][name] = res
             rounds = " ".join(f"{t:.2f}" for t in res.get("rounds", []))
             log(f"  {case.name:28s} {name:18s} {res.get('us', float('nan')):10.2f} us  (rounds {rounds})")

@@ -678,3 +678,35 @@ def test_interleaved_us_rotates_the_graphs_round_by_round(monkeypatch):
     assert (res[0]["p20"], res[0]["p80"]) == (1, 14) and res[1]["calls"] == 2
     order.clear()
     assert T.interleaved_us([("x", 1)], n_sets=1)[0]["rounds"] == [1, 2, 3]
+
+
+def test_gpu_path_keeps_each_contenders_closure_alive_until_its_graph_is_timed(monkeypatch):
+    """run_case on a GPU captures every contender's graph before timing any: each contender's fn
+    (which owns the outputs and workspaces its graph writes) must still be alive when the graphs
+    are timed, or the next contender's allocations take that memory (an illegal address on the
+    H100, thirty-eighth session). Faked here: the capture hands back a weak reference to fn, and
+    the timing checks every one is alive."""
+    import gc
+    import weakref
+    from bench import cases as C, timing as T
+
+    def build(name, inp, device):
+        buf = torch.zeros(4)                      # what a contender's closure owns
+        return lambda i: buf.add_(1)
+
+    alive = []
+    monkeypatch.setitem(run.BUILDERS, "qkv_front", build)
+    monkeypatch.setattr(T, "capture_calls", lambda fn, n_sets: (weakref.ref(fn), 1))
+    monkeypatch.setattr(T, "eager_time_us", lambda fn, n_sets: 1.0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def timed(graphs, n_sets):
+        gc.collect()
+        alive.extend(g() is not None for g, _ in graphs)
+        return [{"us": 1.0, "rounds": [1.0]} for _ in graphs]
+    monkeypatch.setattr(T, "interleaved_us", timed)
+    case = C.QkvCase(8)
+    inp = C.build_qkv(case, torch.device("cpu"), 1 << 20, sets=2)
+    row = run.run_case("qkv_front", case, inp, ["muse:cutedsl", "cublas", "muse:reference"], torch.device("cpu"),
+                       cpu=False, check=False, ref_fn=None, log=lambda s: None)
+    assert alive == [True, True, True] and all(r["us"] == 1.0 for r in row["results"].values())
