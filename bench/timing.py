@@ -111,7 +111,8 @@ def interleaved_us(graphs: list, n_sets: int, rounds: int = 0, replays: int = RE
     """Per-call us of captured graphs ((graph, calls) pairs) timed side by side, as the bench times
     a case's contenders: `rounds` rounds (0: max(3, len(graphs))), each timing every graph once
     (time_graph_us, its warm-up included), round r in the order rotated by r, so each graph opens
-    one round of every len(graphs) and follows each of the others in turn. One after another, a
+    one round of every len(graphs) (the slot that reads fast) and otherwise follows its neighbour
+    in the list. One after another, a
     slot's reading depends on what ran before it: the first graph timed after a case's float64
     check read up to 10% low against the same graph timed last (bench/RESULTS.md, thirty-eighth
     session), and a graph right after cuBLAS's up to 20% high (thirty-seventh). Per graph: the
