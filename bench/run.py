@@ -181,7 +181,7 @@ def run_case(kind, case, inp, names, device, cpu: bool, check: bool, ref_fn, log
         try:
             timed = T.interleaved_us([g for _, g, _ in captured], inp.sets)
         except Exception as exc:
-            timed = [{"error": f"timing: {type(exc).__name__}: {str(exc)[:300]}"}] * len(captured)
+            timed = [{"error": f"timing: {type(exc).__name__}: {str(exc)[:300]}"} for _ in captured]
         for (name, _, _), res in zip(captured, timed):
             row["results"][name] = res
             rounds = " ".join(f"{t:.2f}" for t in res.get("rounds", []))

@@ -92,19 +92,27 @@ def time_graph_us(graph: torch.cuda.CUDAGraph, calls: int, n_sets: int, replays:
             "calls": calls}
 
 
+def _rotated_rounds(graphs: list, n_sets: int, rounds: int, replays: int, reference=None) -> tuple[list, list]:
+    """Every per-call us of each captured graph ((graph, calls) pairs) over `rounds` rounds, round r
+    timing the graphs in the order rotated by r, after the reference graph where one is given;
+    returns (per-graph lists, the reference's list)."""
+    per, ref = [[] for _ in graphs], []
+    for r in range(rounds):
+        if reference is not None:
+            ref.append(time_graph_us(*reference, n_sets, replays=replays)["us"])
+        for i in range(len(graphs)):
+            k = (r + i) % len(graphs)
+            per[k].append(time_graph_us(*graphs[k], n_sets, replays=replays)["us"])
+    return per, ref
+
+
 def round_robin_us(graphs: list, reference, n_sets: int, rounds: int = 3, replays: int = 15) -> tuple[list, list]:
     """Interleaved A/B timing of captured graphs ((graph, calls) pairs) beside a reference one
     (cuBLAS, say): every per-call us of each, `rounds` rounds. The reference opens each round and
     the graphs follow from the round's index on, so each follows the reference in one round of
     every len(graphs): a graph timed right after cuBLAS's read up to 20% high (bench/RESULTS.md,
     thirty-seventh session), and a median over the rounds drops that one."""
-    times, ref = [[] for _ in graphs], []
-    for r in range(rounds):
-        ref.append(time_graph_us(*reference, n_sets, replays=replays)["us"])
-        for i in range(len(graphs)):
-            k = (r + i) % len(graphs)
-            times[k].append(time_graph_us(*graphs[k], n_sets, replays=replays)["us"])
-    return times, ref
+    return _rotated_rounds(graphs, n_sets, rounds, replays, reference)
 
 
 def interleaved_us(graphs: list, n_sets: int, rounds: int = 0, replays: int = REPLAYS) -> list[dict]:
@@ -112,17 +120,12 @@ def interleaved_us(graphs: list, n_sets: int, rounds: int = 0, replays: int = RE
     a case's contenders: `rounds` rounds (0: max(3, len(graphs))), each timing every graph once
     (time_graph_us, its warm-up included), round r in the order rotated by r, so each graph opens
     one round of every len(graphs) (the slot that reads fast) and otherwise follows its neighbour
-    in the list. One after another, a
-    slot's reading depends on what ran before it: the first graph timed after a case's float64
-    check read up to 10% low against the same graph timed last (bench/RESULTS.md, thirty-eighth
-    session), and a graph right after cuBLAS's up to 20% high (thirty-seventh). Per graph: the
-    median of its rounds' medians ("us"), the lowest and highest of them ("p20" / "p80")."""
-    rounds = rounds or max(3, len(graphs))
-    per = [[] for _ in graphs]
-    for r in range(rounds):
-        for i in range(len(graphs)):
-            k = (r + i) % len(graphs)
-            per[k].append(time_graph_us(*graphs[k], n_sets, replays=replays)["us"])
+    in the list. One after another, a slot's reading depends on what ran before it: the first
+    graph timed after a case's float64 check read up to 10% low against the same graph timed last
+    (bench/RESULTS.md, thirty-eighth session), and a graph right after cuBLAS's up to 20% high
+    (thirty-seventh). Per graph: the median of its rounds' medians ("us"), the lowest and highest
+    of them ("p20" / "p80")."""
+    per, _ = _rotated_rounds(graphs, n_sets, rounds or max(3, len(graphs)), replays)
     return [{"us": statistics.median(p), "p20": min(p), "p80": max(p), "rounds": p, "replays": replays,
              "sets": n_sets, "calls": g[1]} for p, g in zip(per, graphs)]
 

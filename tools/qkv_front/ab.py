@@ -1,9 +1,10 @@
 """Interleaved A/B timing of qkv_front variants (overrides of the launch config) and cuBLAS, one
 CUDA graph per (M, variant) over rotating weight copies, timed round-robin (AB_ROUNDS rounds,
 bench/timing.round_robin_us; median of the rounds' medians). AB_M: M values; AB_VARIANTS:
-';'-separated override dicts in Python syntax ({} = the default; "no_rope": True launches without cos_sin, unchecked; "kernel":
-"path/to/copy.py" compiles a copy of the kernel module instead, an A/B of two sources; "split":
-S forces another K split, which changes the bits by design). Checks every variant's y against
+';'-separated override dicts in Python syntax ({} = the default; "no_rope": True launches
+without cos_sin, unchecked; "kernel": "path/to/copy.py" compiles a copy of the kernel module
+instead, an A/B of two sources; "split": S forces another K split, which changes the bits by
+design). Checks every variant's y against
 float64 (within tolerance) and against the first variant's bits first (a variant with
 "epilogue": False or "no_rope" is not checked). GPU machine, after
 .device/prelude.sh and tools/device_env.sh:
