@@ -1261,18 +1261,17 @@ class Attn2Sm90:
             if const_expr(self.cfg.fp8):
                 # the conversion first: nothing of the step's masks is live across it (registers)
                 ring.ready(k, stage, tail_lo, tail_hi)
-                if const_expr(not self.wide):
-                    ring.refill(k_next, steps.count)
             kbase = (steps.page_base + k * self.pages_per_step) * PAGE_SIZE
             ring.invalid_pages(k, inv)
             if const_expr(not self.cfg.fp8):
                 ring.ready(k, stage, tail_lo, tail_hi)
 
-            # ---- S = Q K^T (raw logits; the scale is folded into the exp). Wide: warp 0 issues
-            # the refill while this wgmma runs, off the path the other warps wait on at it; deep
-            # refills before it, since its long CTAs want each load issued as early as possible
-            # (bench/RESULTS.md)
-            if const_expr(self.wide):
+            # ---- S = Q K^T (raw logits; the scale is folded into the exp). Wide and fp8: warp 0
+            # issues the refill while this wgmma runs, off the path the other warps wait on at it;
+            # bf16 deep refills before it, since its long CTAs want each load issued as early as
+            # possible, while fp8 keeps one more step in flight and gains from the overlap
+            # (bench/RESULTS.md, thirty-ninth session)
+            if const_expr(self.wide or self.cfg.fp8):
                 wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, mma_stage], True)
                 ring.refill(k_next, steps.count)
                 cute.nvgpu.warpgroup.wait_group(0)
