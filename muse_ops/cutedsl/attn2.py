@@ -1248,15 +1248,12 @@ class Attn2Sm90:
 
         for k in cutlass.range(steps.count, unroll=1):
             stage = k % stages
-            mma_stage = stage                 # the stage the wgmmas read (fp8: the one step buffer)
+            mma_stage = 0 if self.cfg.fp8 else stage   # the stage the wgmmas read (fp8: the one step buffer)
+            # fp8: into the stage step k is converted from, after ready; bf16: the one step k - 1 read
+            k_next = k + self.cfg.steps_ahead
             # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled
             cute.arch.sync_threads()
-            if const_expr(self.cfg.fp8):
-                mma_stage = 0
-                k_next = k + stages           # into the stage step k is converted from, after ready
-            else:
-                k_next = k + stages - 1
-            if const_expr(not self.wide and not self.cfg.fp8):
+            if const_expr(not self.cfg.refill_under_qk):
                 ring.refill(k_next, steps.count)
             if const_expr(self.cfg.fp8):
                 # the conversion first: nothing of the step's masks is live across it (registers)
@@ -1266,12 +1263,10 @@ class Attn2Sm90:
             if const_expr(not self.cfg.fp8):
                 ring.ready(k, stage, tail_lo, tail_hi)
 
-            # ---- S = Q K^T (raw logits; the scale is folded into the exp). Wide and fp8: warp 0
-            # issues the refill while this wgmma runs, off the path the other warps wait on at it;
-            # bf16 deep refills before it, since its long CTAs want each load issued as early as
-            # possible, while fp8 keeps one more step in flight and gains from the overlap
-            # (bench/RESULTS.md, thirty-ninth session)
-            if const_expr(self.wide or self.cfg.fp8):
+            # ---- S = Q K^T (raw logits; the scale is folded into the exp). With refill_under_qk
+            # warp 0 issues the refill while this wgmma runs, off the path the other warps wait on
+            # at it (Attn2Config.refill_under_qk says where and why)
+            if const_expr(self.cfg.refill_under_qk):
                 wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, mma_stage], True)
                 ring.refill(k_next, steps.count)
                 cute.nvgpu.warpgroup.wait_group(0)

@@ -208,6 +208,12 @@ class Attn2Config:
         return self.stages if self.fp8 else self.stages - 1
 
     @property
+    def refill_under_qk(self):  # warp 0 issues a step's refill while its S = Q K^T runs (wide, and fp8,
+        # which keeps one more step in flight); bf16 deep issues it before, as early as it can
+        # (bench/RESULTS.md, thirty-ninth session: FP8 deep verify 1.5-2.2% faster this way)
+        return self.wide or self.fp8
+
+    @property
     def staging_bytes(self):   # the FP8 staging ring: stages x (K | V) x keys_per_step rows of 64 bytes
         return self.stages * 2 * self.keys_per_step * HEAD_DIM if self.fp8 else 0
 
