@@ -113,19 +113,7 @@ def _load_q(mY: cute.Tensor, qv: cute.Tensor, request: Int32, kv_head: Int32, ti
             cute.autovec_copy(src[0, None], qv[None, it])
 
 @cute.jit
-def _cta_sync(consumers_only: cutlass.Constexpr[bool]):
-    """A CTA barrier of the warpgroup: bar.sync 0 over the CTA, or, where the CTA has a converter
-    warp that never reaches the warpgroup's barriers (Attn2Config.converter_warp), named barrier 1
-    over the warpgroup's THREADS threads."""
-    if const_expr(consumers_only):
-        cute.arch.barrier(barrier_id=1, number_of_threads=THREADS)
-    else:
-        cute.arch.sync_threads()
-
-
-@cute.jit
-def _q_to_f16(qv: cute.Tensor, sQmax: cute.Tensor, warp: Int32, lane: Int32,
-              consumers_only: cutlass.Constexpr[bool]):
+def _q_to_f16(qv: cute.Tensor, sQmax: cute.Tensor, warp: Int32, lane: Int32):
     """Every thread, its bf16 share qv of the Q tile: (f16(qv 2^-q_exp), q_exp), q_exp = E - 15
     for the tile's largest |q| in [2^E, 2^(E + 1)), clamped to [-120, 112] (Attn2Sm90.load_query
     says why). The tile's max: each warp's by butterfly, then the warps' through sQmax and a CTA
@@ -139,7 +127,7 @@ def _q_to_f16(qv: cute.Tensor, sQmax: cute.Tensor, warp: Int32, lane: Int32,
         mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << offset))
     if lane == 0:
         sQmax[warp] = mx
-    _cta_sync(consumers_only)
+    cute.arch.sync_threads()
     for w in cutlass.range_constexpr(THREADS // 32):
         mx = cute.arch.fmax(mx, sQmax[w])
     q_exp = cutlass.min(cutlass.max(exponent_of(mx) - 15, Int32(-120)), Int32(112))
@@ -416,7 +404,6 @@ class KVRing:
     cfg: Attn2Config
     src8: Int32 | None   # fp8: shared address of this thread's first 8 bytes of staging stage 0
     dst16: Int32 | None  # fp8: shared address of its first 16-byte f16 piece in sK (128 B swizzle applied)
-    conv: cute.Pointer   # (None without converter_warp): mbarriers converted[0, 1] (count 1), then free[0, 1] (count 4)
 
     @staticmethod
     def make_tma(mCache: cute.Tensor, sPages_layout):
@@ -438,7 +425,7 @@ class KVRing:
     @staticmethod
     def create(cfg: Attn2Config, tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
                sPages_layout, full, sPT: cute.Tensor, num_pages: Int32,
-               cta: CtaPlace, s8: cute.Tensor | None = None, conv: cute.Pointer | None = None) -> "KVRing":
+               cta: CtaPlace, s8: cute.Tensor | None = None) -> "KVRing":
         """The TMA partitions of the rings, seen as pages (16, 64, pages_per_step * stages), against
         the cache's boxes (layout only: no instruction). fp8: those of the staging ring s8, and this
         thread's two conversion addresses (convert)."""
@@ -451,10 +438,8 @@ class KVRing:
             # tidx // 8 (+ 16 per i), its columns 8 (tidx % 8) ..: the f16 piece tidx % 8 of that
             # row, in the 128 B swizzle (16-byte piece ^= address bits 7..9, as CuTe addresses sK and
             # as TMA and wgmma read it; sK is 1 KB aligned)
-            # (converter_warp: the converter warp's lane converts, chunk lane + 32 i; convert_warp)
-            converter = cta.lane if const_expr(cfg.converter_warp) else cta.tidx
-            src8 = s8.iterator.toint() + converter * 8
-            a = sK.iterator.toint() + (converter // 8) * (HEAD_DIM * 2) + (converter % 8) * 16
+            src8 = s8.iterator.toint() + cta.tidx * 8
+            a = sK.iterator.toint() + (cta.tidx // 8) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16
             dst16 = a ^ ((a >> 3) & 0x70)
         else:
             sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
@@ -465,7 +450,7 @@ class KVRing:
         tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
                                        cute.group_modes(gKV, 0, 2))
         return KVRing(tma_atom, tKVg, tKs, tVs, sK, sV, full, sPT, cta.kv_head, num_pages, cta.tidx, cta.warp, cfg,
-                      src8, dst16, conv)
+                      src8, dst16)
 
     @cute.jit
     def init_barriers(self):
@@ -477,10 +462,6 @@ class KVRing:
             with cute.arch.elect_one():
                 for stage in cutlass.range_constexpr(self.cfg.stages):
                     cute.arch.mbarrier_init(self.full + stage, 1)
-                if const_expr(self.cfg.converter_warp):
-                    for buf in cutlass.range_constexpr(2):
-                        cute.arch.mbarrier_init(self.conv + buf, 1)                    # converted
-                        cute.arch.mbarrier_init(self.conv + 2 + buf, THREADS // 32)    # free
                 cute.arch.mbarrier_init_fence()
 
     @cute.jit
@@ -511,14 +492,9 @@ class KVRing:
                 if cta.lane < n_pt:
                     sPT[cta.lane] = _pt_entry(page_base + cta.lane, phys, tree.last_page, width, self.num_pages, mErr)
         else:
-            # (the converter warp's threads, tidx >= THREADS, would repeat the warpgroup's entries)
-            n_pt_mine = n_pt
-            if const_expr(self.cfg.converter_warp):
-                if cta.tidx >= THREADS:
-                    n_pt_mine = Int32(0)
             for it in cutlass.range((n_pt + THREADS - 1) // THREADS, unroll=1):
                 i_pt = it * THREADS + cta.tidx
-                if i_pt < n_pt_mine:
+                if i_pt < n_pt:
                     lp = page_base + i_pt
                     phys = mPT[cta.request, cutlass.min(lp, width - 1)]
                     sPT[i_pt] = _pt_entry(lp, phys, tree.last_page, width, self.num_pages, mErr)
@@ -617,60 +593,6 @@ class KVRing:
             b0, b1 = e4m3x4_to_f16x4(w0)
             b2, b3 = e4m3x4_to_f16x4(w1)
             st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
-
-    @cute.jit
-    def convert_ahead(self, n_steps: Int32, tail_lo: Int32):
-        """converter_warp: the converter warp's loop over the CTA's steps. Step j: wait until its
-        staging stage landed and the warpgroup is done with step j - 2 (free[j % 2]), convert it
-        into step buffer j % 2 (convert_warp), fence the stores for the wgmmas' async proxy and
-        arrive on converted[j % 2]; then refill the staging stage with step j + stages (its bytes
-        were read by this warp's lanes, whose values are already stored). The warpgroup waits for
-        converted[k % 2] only, so no CTA barrier lies on its steps, and this warp runs up to two
-        steps ahead of it."""
-        stages = self.cfg.stages
-        for j in cutlass.range(n_steps, unroll=1):
-            stage = j % stages
-            buf = j % 2
-            cute.arch.mbarrier_wait(self.full + stage, (j // stages) % 2)
-            if j >= 2:
-                cute.arch.mbarrier_wait(self.conv + 2 + buf, (j // 2 - 1) % 2)
-            self.convert_warp(j, stage, buf, tail_lo)
-            cute.arch.fence_view_async_shared()    # generic stores -> the wgmmas (async proxy)
-            cute.arch.sync_warp()
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive(self.conv + buf)
-            if j + stages < n_steps:
-                self.load_step(j + stages, stage)
-
-    @cute.jit
-    def convert_warp(self, k: Int32, stage: Int32, buf: Int32, tail_lo: Int32):
-        """converter_warp, the converter warp in step k: convert's work for one warp, into step
-        buffer `buf`. Lane l takes chunks l + 32 i of the stage (a warp reads 256 contiguous bytes),
-        i.e. of half i // 16 (K, then V) the row l // 8 + 4 (i % 16), columns 8 (l % 8) ..: its
-        16-byte f16 piece in the 128 B swizzle sits at dst16 + 512 (i % 16) with address bit 6
-        flipped for odd i (the row's bit 2 flips the piece's; the rest of the row moves only
-        address bits >= 9). V rows >= L are written as zeros (convert says why)."""
-        keys_per_step = self.cfg.keys_per_step
-        per_half = keys_per_step * HEAD_DIM // (8 * 32)       # chunks of a lane per half: 16
-        step_bytes16 = keys_per_step * HEAD_DIM * 2           # one f16 step of K (or V)
-        src = self.src8 + stage * (2 * keys_per_step * HEAD_DIM)
-        dst_even = self.dst16 + buf * step_bytes16
-        dst_odd = dst_even ^ 0x40
-        v_rows = tail_lo - k * keys_per_step
-        row0 = (self.tidx % 32) // 8
-        for i in cutlass.range_constexpr(2 * per_half):
-            kv = i // per_half
-            h = i % per_half
-            w0, w1 = Uint32(0), Uint32(0)
-            if const_expr(kv == 0):
-                w0, w1 = ld_shared_v2_b32(src, i * 32 * 8)
-            else:
-                if row0 + 4 * h < v_rows:
-                    w0, w1 = ld_shared_v2_b32(src, i * 32 * 8)
-            b0, b1 = e4m3x4_to_f16x4(w0)
-            b2, b3 = e4m3x4_to_f16x4(w1)
-            dst = dst_odd if const_expr(h % 2 == 1) else dst_even
-            st_shared_v4_b32(dst, kv * self.cfg.mma_stages * step_bytes16 + h * 4 * HEAD_DIM * 2, b0, b1, b2, b3)
 
     @cute.jit
     def zero_tail_rows(self, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32):
@@ -917,14 +839,14 @@ class WorkspaceMerge:
         # cumulative over the CTA's writes that the barrier ordered before it (as CUTLASS's
         # barrier arrive); SASS: MEMBAR.GPU, ATOMG, CCTL.IVALL. A fence.acq_rel before it would
         # add a second MEMBAR.GPU, and a fence in every thread a membar stall in every thread
-        _cta_sync(self.cfg.converter_warp)
+        cute.arch.sync_threads()
         if rows.tidx == 0:
             old = cute.arch.atomic_add(self.cnt_ptr, Uint32(1), sem="acq_rel", scope="gpu")
             last = Int32(old == Uint32(tree.n_clusters - 1))
             sFlag[0] = last
             if last != 0:
                 cute.arch.atomic_exch(self.cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
-        _cta_sync(self.cfg.converter_warp)     # the ticket's acquire (thread 0) -> every thread
+        cute.arch.sync_threads()     # the ticket's acquire (thread 0) -> every thread
         writes_out = sFlag[0]
         if writes_out != 0:
             l_merged = self.fold(o_merged, o_node)
@@ -1103,7 +1025,7 @@ class Attn2Sm90:
             occ["cluster"] = (self.cluster_size, 1, 1)
         self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, mKScale, mVScale, tma_atom, mKV_tma, sRing_layout, sPages_layout,
                     sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len, wave_ctas).launch(
-            grid=(self.cluster_size, kv_heads * num_requests, self.cfg.max_clusters), block=(self.cfg.threads, 1, 1),
+            grid=(self.cluster_size, kv_heads * num_requests, self.cfg.max_clusters), block=(THREADS, 1, 1),
             stream=stream, use_pdl=self.cfg.pdl, **occ)
 
     @cute.kernel
@@ -1125,9 +1047,6 @@ class Attn2Sm90:
         # ---- shared memory
         smem = SmemAllocator()
         full = smem.allocate_array(Int64, self.stages, byte_alignment=8)   # one mbarrier per ring stage
-        conv = None
-        if const_expr(self.cfg.converter_warp):   # converted[2], free[2] (KVRing.conv)
-            conv = smem.allocate_array(Int64, 4, byte_alignment=8)
         sK = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sV = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sQ = smem.allocate_tensor(self.mma_dtype, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
@@ -1141,14 +1060,8 @@ class Attn2Sm90:
         sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
         if const_expr(self.cfg.smem_pad > 0):   # never touched: it caps the CTAs an SM holds (occupancy_cap)
             smem.allocate_array(Uint32, self.cfg.smem_pad // 4, byte_alignment=16)
-        ring = KVRing.create(self.cfg, tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, num_pages, cta, s8, conv)
+        ring = KVRing.create(self.cfg, tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, num_pages, cta, s8)
         ring.init_barriers()
-        # converter_warp: the CTA's fifth warp converts and refills the ring (KVRing.convert_ahead);
-        # from the PDL wait on it takes no part in the warpgroup's work or CTA barriers
-        # (_cta_sync), only in the cluster's barriers and the PDL trigger
-        converter = Int32(0)
-        if const_expr(self.cfg.converter_warp):
-            converter = Int32(cta.warp == THREADS // 32)
 
         # ---- before the PDL wait (this grid may start while its predecessor in the stream still
         # runs): it reads only seq_len, its page-table entries (into sPT; a bad entry sets its
@@ -1172,76 +1085,42 @@ class Attn2Sm90:
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()
         if bad_len != 0:
-            if const_expr(self.cfg.converter_warp):
-                if converter == 0:
-                    self.write_bad_length(mOut, mErr, cta)
-            else:
-                self.write_bad_length(mOut, mErr, cta)
+            self.write_bad_length(mOut, mErr, cta)
         else:
             if tree.cluster < tree.n_clusters:
                 # every CTA of a live cluster runs to the cluster barriers, even with no steps
                 steps = tree.cta_steps()
                 # the first KV loads (warp 0) and Q go out together: their latencies overlap
                 ring.prologue(steps.count, tree.unwritten_steps(steps.page_base), False)
-                if const_expr(self.cfg.converter_warp):
-                    if converter != 0:
-                        self.run_converter(ring, tree, steps, cta, wave_ctas)
-                    else:
-                        self.run_warpgroup(mY, mOut, mWs, mKScale, mVScale, ring, sQ, sQmax, sXm, sFlag, tree,
-                                           steps, scale_log2, wave_ctas, cta)
-                else:
-                    self.run_warpgroup(mY, mOut, mWs, mKScale, mVScale, ring, sQ, sQmax, sXm, sFlag, tree, steps,
-                                       scale_log2, wave_ctas, cta)
+                scale_qk = scale_log2
+                q_exp = self.load_query(mY, sQ, sQmax, cta)
+                if const_expr(self.cfg.fp8):
+                    # the key scale and q's power of two fold into the softmax's:
+                    # (scale log2 e k_scale 2^q_exp) (q 2^-q_exp . k8), fp32
+                    scale_qk = mul_rn(mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)]),
+                                      pow2(q_exp))
+                thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
+                self.trigger_dependents(cta, tree, wave_ctas)
 
-    @cute.jit
-    def run_converter(self, ring: KVRing, tree: ReductionTree, steps: CtaSteps, cta: CtaPlace, wave_ctas: Int32):
-        """converter_warp, the converter warp of a live cluster's CTA: the ring's conversion and
-        refills (KVRing.convert_ahead), the PDL trigger, and its part of the two cluster barriers
-        the warpgroup passes in run_warpgroup (arrive, merge_cluster's wait and relaxed arrive,
-        the final wait)."""
-        ring.convert_ahead(steps.count, tree.seq_len - steps.page_base * PAGE_SIZE)
-        self.trigger_dependents(cta, tree, wave_ctas)
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
-        cute.arch.cluster_arrive_relaxed()
-        cute.arch.cluster_wait()
-
-    @cute.jit
-    def run_warpgroup(self, mY: cute.Tensor, mOut: cute.Tensor, mWs: cute.Tensor, mKScale: cute.Tensor | None,
-                      mVScale: cute.Tensor | None, ring: KVRing, sQ: cute.Tensor, sQmax: cute.Tensor | None,
-                      sXm: cute.Tensor, sFlag: cute.Tensor, tree: ReductionTree, steps: CtaSteps,
-                      scale_log2: Float32, wave_ctas: Int32, cta: CtaPlace):
-        """The warpgroup of a live cluster's CTA, after the ring prologue: Q, the main loop, the
-        CTA's partial and the merges up to out."""
-        scale_qk = scale_log2
-        q_exp = self.load_query(mY, sQ, sQmax, cta)
-        if const_expr(self.cfg.fp8):
-            # the key scale and q's power of two fold into the softmax's:
-            # (scale log2 e k_scale 2^q_exp) (q 2^-q_exp . k8), fp32
-            scale_qk = mul_rn(mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)]),
-                              pow2(q_exp))
-        thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
-        self.trigger_dependents(cta, tree, wave_ctas)
-
-        rows = self.merge_rows(cta, tree.rank)
-        _cta_sync(self.cfg.converter_warp)   # every wgmma read of the rings is done: reuse them
-        sX = self.write_partial(ring, sXm, thr_pv, partial, cta)
-        cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
-        # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
-        # for it, and its latency overlaps the cluster wait and the merges
-        gate = rows.load_gate(mY, cta.kv_heads)
-        v_scale = None
-        if const_expr(self.cfg.fp8):    # applied with 1 / l by the rows' writer
-            v_scale = mVScale[cutlass.min(cta.kv_head, mVScale.shape[0] - 1)]
-        m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, rows, tree)
-        writes_out = Int32(1)      # one cluster: its (only) node is the whole row
-        if tree.n_clusters > 1:
-            writes_out, l_merged = WorkspaceMerge.create(self.cfg, mWs, rows, tree, cta).merge(
-                sFlag, m_merged, l_merged, o_merged, o_node)
-        if writes_out != 0:     # the single writer of these rows
-            rows.write_out(mOut, gate, o_merged, l_merged, v_scale)
-        # my smem stays alive until every peer has read it (merge_cluster's relaxed arrive)
-        cute.arch.cluster_wait()
+                rows = self.merge_rows(cta, tree.rank)
+                cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
+                sX = self.write_partial(ring, sXm, thr_pv, partial, cta)
+                cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
+                # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
+                # for it, and its latency overlaps the cluster wait and the merges
+                gate = rows.load_gate(mY, cta.kv_heads)
+                v_scale = None
+                if const_expr(self.cfg.fp8):    # applied with 1 / l by the rows' writer
+                    v_scale = mVScale[cutlass.min(cta.kv_head, mVScale.shape[0] - 1)]
+                m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, rows, tree)
+                writes_out = Int32(1)      # one cluster: its (only) node is the whole row
+                if tree.n_clusters > 1:
+                    writes_out, l_merged = WorkspaceMerge.create(self.cfg, mWs, rows, tree, cta).merge(
+                        sFlag, m_merged, l_merged, o_merged, o_node)
+                if writes_out != 0:     # the single writer of these rows
+                    rows.write_out(mOut, gate, o_merged, l_merged, v_scale)
+                # my smem stays alive until every peer has read it (merge_cluster's relaxed arrive)
+                cute.arch.cluster_wait()
 
     # ---------------------------------------------------------------------------- phases
     @cute.jit
@@ -1292,12 +1171,12 @@ class Attn2Sm90:
         _load_q(mY, qv, cta.request, cta.kv_head, cta.tidx, self.q_len)
         q_exp = Int32(0)
         if const_expr(self.cfg.fp8):
-            qv, q_exp = _q_to_f16(qv, sQmax, cta.warp, cta.lane, self.cfg.converter_warp)
+            qv, q_exp = _q_to_f16(qv, sQmax, cta.warp, cta.lane)
         for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
             ci = cta.tidx + it * THREADS
             cute.autovec_copy(qv[None, it], cute.local_tile(sQ, (1, 8), (ci // 8, ci % 8))[0, None])
         cute.arch.fence_view_async_shared()    # sQ (generic stores) -> wgmma (async proxy)
-        _cta_sync(self.cfg.converter_warp)     # sQ visible
+        cute.arch.sync_threads()               # sQ visible
         return q_exp
 
     @cute.jit
@@ -1369,22 +1248,16 @@ class Attn2Sm90:
 
         for k in cutlass.range(steps.count, unroll=1):
             stage = k % stages
-            # the stage the wgmmas read: the ring's (bf16), the one step buffer (fp8), step buffer
-            # k % 2 (converter_warp)
-            mma_stage = k % 2 if self.cfg.converter_warp else (0 if self.cfg.fp8 else stage)
+            mma_stage = 0 if self.cfg.fp8 else stage   # the stage the wgmmas read (fp8: the one step buffer)
             # fp8: into the stage step k is converted from, after ready; bf16: the one step k - 1 read
             k_next = k + self.cfg.steps_ahead
-            if const_expr(self.cfg.converter_warp):
-                # the converter warp converted step k and refills the ring: only its barrier
-                cute.arch.mbarrier_wait(ring.conv + mma_stage, (k // 2) % 2)
-            else:
-                # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled
-                cute.arch.sync_threads()
-                if const_expr(not self.cfg.refill_under_qk):
-                    ring.refill(k_next, steps.count)
-                if const_expr(self.cfg.fp8):
-                    # the conversion first: nothing of the step's masks is live across it (registers)
-                    ring.ready(k, stage, tail_lo, tail_hi)
+            # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled
+            cute.arch.sync_threads()
+            if const_expr(not self.cfg.refill_under_qk):
+                ring.refill(k_next, steps.count)
+            if const_expr(self.cfg.fp8):
+                # the conversion first: nothing of the step's masks is live across it (registers)
+                ring.ready(k, stage, tail_lo, tail_hi)
             kbase = (steps.page_base + k * self.pages_per_step) * PAGE_SIZE
             ring.invalid_pages(k, inv)
             if const_expr(not self.cfg.fp8):
@@ -1393,7 +1266,7 @@ class Attn2Sm90:
             # ---- S = Q K^T (raw logits; the scale is folded into the exp). With refill_under_qk
             # warp 0 issues the refill while this wgmma runs, off the path the other warps wait on
             # at it (Attn2Config.refill_under_qk says where and why)
-            if const_expr(self.cfg.refill_under_qk and not self.cfg.converter_warp):
+            if const_expr(self.cfg.refill_under_qk):
                 wgmma_commit(atom_qk, tSrS, tSrQ, tSrK[None, None, None, mma_stage], True)
                 ring.refill(k_next, steps.count)
                 cute.nvgpu.warpgroup.wait_group(0)
@@ -1412,10 +1285,6 @@ class Attn2Sm90:
             for q in cutlass.range_constexpr(cute.size(tOrP32)):
                 tOrP32[q] = pack_x2(tSrS[2 * q], tSrS[2 * q + 1], self.mma_kind)
             wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
-            if const_expr(self.cfg.converter_warp):
-                # this warp's wgmmas of the step are complete: one of free's four arrivals
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(ring.conv + 2 + mma_stage)
 
             if const_expr(self.second_accumulator):
                 if k + 1 == chunk_end:

@@ -153,7 +153,6 @@ class Attn2Config:
     ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
     early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
     fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
-    converter_warp: bool = False   # fp8 deep, a development knob: a fifth warp converts and refills ahead (KVRing.convert_ahead)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -200,15 +199,8 @@ class Attn2Config:
         return max(1, self.query_rows // self.cluster_size)
 
     @property
-    def mma_stages(self):      # 16-bit K / V stages the wgmmas read: the ring's (bf16), one step buffer (fp8),
-        # two with the converter warp (it converts step k + 1 while the warpgroup reads step k)
-        if self.converter_warp:
-            return 2
+    def mma_stages(self):      # 16-bit K / V stages the wgmmas read: the ring's (bf16), one step buffer (fp8)
         return 1 if self.fp8 else self.stages
-
-    @property
-    def threads(self):         # the CTA: one warpgroup, plus the converter warp
-        return THREADS + 32 if self.converter_warp else THREADS
 
     @property
     def steps_ahead(self):     # ring steps in flight while a step computes: a bf16 stage is free once
@@ -229,7 +221,7 @@ class Attn2Config:
     def smem_bytes(self):      # what the kernel allocates (attn2.py, kernel), alignment included
         ring = self.mma_stages * self.keys_per_step * HEAD_DIM * 2
         return (1024 + 2 * ring + M_TILE * HEAD_DIM * 2 + self.staging_bytes + _round_up(4 * self.page_table_max, 16)
-                + 16 + 8 * self.query_rows + (32 if self.converter_warp else 0))
+                + 16 + 8 * self.query_rows)
 
     @property
     def smem_pad(self):        # bytes reserved past smem_bytes so at most ctas_per_sm CTAs fit an SM
@@ -247,7 +239,7 @@ class Attn2Config:
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
-               early_ring: bool = True, fp8: bool = False, converter_warp: bool = False) -> "Attn2Config":
+               early_ring: bool = True, fp8: bool = False) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
@@ -280,12 +272,9 @@ class Attn2Config:
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
             if ctas_per_sm and q_len in CAPPED_REGISTER_Q_LENS:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
-            if converter_warp:
-                min_blocks = 3   # 160 threads: 3 CTAs an SM leave the warpgroup its 127 registers
-        assert not converter_warp or (fp8 and layout == "deep"), "converter_warp: an fp8 deep variant"
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
-                          early_ring, fp8, converter_warp)
+                          early_ring, fp8)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
