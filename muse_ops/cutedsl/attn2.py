@@ -1248,7 +1248,7 @@ class Attn2Sm90:
 
         for k in cutlass.range(steps.count, unroll=1):
             stage = k % stages
-            mma_stage = 0 if self.cfg.fp8 else stage   # the stage the wgmmas read (fp8: the one step buffer)
+            mma_stage = k % self.cfg.mma_stages   # the stage the wgmmas read (fp8: the one step buffer)
             # fp8: into the stage step k is converted from, after ready; bf16: the one step k - 1 read
             k_next = k + self.cfg.steps_ahead
             # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled

@@ -210,7 +210,7 @@ class Attn2Config:
     @property
     def refill_under_qk(self):  # warp 0 issues a step's refill while its S = Q K^T runs (wide, and fp8,
         # which keeps one more step in flight); bf16 deep issues it before, as early as it can
-        # (bench/RESULTS.md, thirty-ninth session: FP8 deep verify 1.5-2.2% faster this way)
+        # (each measured faster so: bench/RESULTS.md, thirty-ninth session)
         return self.wide or self.fp8
 
     @property
