@@ -551,40 +551,23 @@ class KVRing:
 
     @cute.jit
     def ready(self, k: Int32, stage: Int32, tail_lo: Int32, tail_hi: Int32):
-        """bf16, every thread, in step k: wait until the stage of step k landed, then zero its tail
-        rows (zero_tail_rows). Afterwards sK / sV[.., stage] hold the step's K and V for the
-        wgmmas. (fp8 takes fetch_converted and publish_converted instead.)"""
+        """Every thread, in step k: wait until the stage of step k landed, then zero its tail rows
+        (zero_tail_rows). Afterwards sK / sV[.., stage] hold the step's K and V for the wgmmas.
+        fp8 (after the step's CTA barrier: no wgmma reads the step buffer any more): wait, convert
+        the stage into the step buffer sK / sV[.., 0] (convert), then a proxy fence and a CTA
+        barrier; afterwards the stage may be refilled."""
         cute.arch.mbarrier_wait(self.full + stage, (k // self.cfg.stages) % 2)
-        self.zero_tail_rows(stage, k, tail_lo, tail_hi)
+        if const_expr(self.cfg.fp8):
+            self.convert(k, stage, tail_lo)
+            cute.arch.fence_view_async_shared()    # generic stores -> the wgmmas (async proxy)
+            cute.arch.sync_threads()
+        else:
+            self.zero_tail_rows(stage, k, tail_lo, tail_hi)
 
     @cute.jit
-    def fetch_converted(self, k: Int32, stage: Int32, tail_lo: Int32) -> cute.Tensor:
-        """fp8, every thread, in step k, before the step's first CTA barrier: wait until the stage
-        of step k landed and convert the thread's share of it into registers (convert). Nothing
-        here touches the step buffer, which other warps' wgmmas of step k - 1 may still read."""
-        cute.arch.mbarrier_wait(self.full + stage, (k // self.cfg.stages) % 2)
-        return self.convert(k, stage, tail_lo)
-
-    @cute.jit
-    def publish_converted(self, pieces: cute.Tensor):
-        """fp8, every thread, after the step's first CTA barrier (no wgmma reads the step buffer
-        any more): store the converted pieces into sK / sV[.., 0], then a proxy fence and a CTA
-        barrier; afterwards the wgmmas may read the step buffer and the stage may be refilled."""
-        keys_per_step = self.cfg.keys_per_step
-        per_half = self.cfg.pages_per_step
-        for i in cutlass.range_constexpr(2 * per_half):
-            kv = i // per_half
-            h = i % per_half
-            st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2,
-                             pieces[4 * i], pieces[4 * i + 1], pieces[4 * i + 2], pieces[4 * i + 3])
-        cute.arch.fence_view_async_shared()    # generic stores -> the wgmmas (async proxy)
-        cute.arch.sync_threads()
-
-    @cute.jit
-    def convert(self, k: Int32, stage: Int32, tail_lo: Int32) -> cute.Tensor:
+    def convert(self, k: Int32, stage: Int32, tail_lo: Int32):
         """fp8, every thread, step k (its staging stage landed): its 2 pages_per_step chunks of 8
-        e4m3 bytes -> f16, exact, NaN bytes included (e4m3x4_to_f16x4: 4 cvt a chunk), returned as
-        4 words a chunk for publish_converted to store into sK / sV.
+        e4m3 bytes -> f16 in sK / sV, exact, NaN bytes included (e4m3x4_to_f16x4: 4 cvt a chunk).
         Chunk tidx + THREADS i is bytes 8 (tidx + THREADS i) of the stage (a warp reads 256
         contiguous bytes), i.e. K (i < pages_per_step, else V), row tidx // 8 + 16 (i %
         pages_per_step) of the step, columns 8 (tidx % 8) ..; it becomes the row's 16-byte f16
@@ -611,11 +594,12 @@ class KVRing:
                 w0, w1 = w0 & keep, w1 & keep
             words[2 * i] = w0
             words[2 * i + 1] = w1
-        pieces = cute.make_rmem_tensor(cute.make_layout(8 * per_half), Uint32)
         for i in cutlass.range_constexpr(2 * per_half):
-            pieces[4 * i], pieces[4 * i + 1] = e4m3x4_to_f16x4(words[2 * i])
-            pieces[4 * i + 2], pieces[4 * i + 3] = e4m3x4_to_f16x4(words[2 * i + 1])
-        return pieces
+            kv = i // per_half
+            h = i % per_half
+            b0, b1 = e4m3x4_to_f16x4(words[2 * i])
+            b2, b3 = e4m3x4_to_f16x4(words[2 * i + 1])
+            st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
 
     @cute.jit
     def zero_tail_rows(self, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32):
@@ -1274,18 +1258,13 @@ class Attn2Sm90:
             mma_stage = k % self.cfg.mma_stages   # the stage the wgmmas read (fp8: the one step buffer)
             # fp8: into the stage step k is converted from, after ready; bf16: the one step k - 1 read
             k_next = k + self.cfg.steps_ahead
+            # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled
+            cute.arch.sync_threads()
+            if const_expr(not self.cfg.refill_under_qk):
+                ring.refill(k_next, steps.count)
             if const_expr(self.cfg.fp8):
-                # the conversion first (nothing of the step's masks is live across it), into
-                # registers while other warps may still be in step k - 1; the stores wait for the
-                # barrier after which every warp is done with the step buffer
-                pieces = ring.fetch_converted(k, stage, tail_lo)
-                cute.arch.sync_threads()
-                ring.publish_converted(pieces)
-            else:
-                # every warp is done with step k-1, so its stage may be refilled
-                cute.arch.sync_threads()
-                if const_expr(not self.cfg.refill_under_qk):
-                    ring.refill(k_next, steps.count)
+                # the conversion first: nothing of the step's masks is live across it (registers)
+                ring.ready(k, stage, tail_lo, tail_hi)
             kbase = (steps.page_base + k * self.pages_per_step) * PAGE_SIZE
             ring.invalid_pages(k, inv)
             if const_expr(not self.cfg.fp8):
