@@ -222,6 +222,35 @@ def test_whole_k_tiles_keep_the_bits(kv_heads, cos_sin):
         assert torch.equal(y_again.view(torch.int16), y_all.view(torch.int16)), (tile, hpc, "run to run")
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2, 4, 8])   # K splits 3, 3, 1, 2
+def test_weight_multicast_keeps_the_bits(kv_heads, cos_sin):
+    """Weight multicast over a pair of token tiles (QkvFrontConfig.w_multicast) changes only how
+    the weight is loaded: the same y and cache bits as the default variant at an even tile count,
+    at an odd one with a partial last tile (a helper CTA past it loads its halves of the weight
+    and stores nothing), and at a single partial tile; rows outside the launch's slots untouched."""
+    Q = _kernel()
+    x, w, pos, slots, cache = make_inputs(700, kv_heads, seed=4990 + kv_heads, pad=50)
+    before = cache.clone()
+    y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
+    check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
+    rows_all = _cache_rows(cache, kv_heads)
+    for tile, hpc in ((112, 3), (128, 2), (96, 3)):
+        for m in (4 * tile, 3 * tile - 40, tile - 7, 700):
+            over = {"whole_k": True, "tile": (tile, hpc), "w_multicast": True}
+            cache_m = torch.full_like(cache, float("nan"))
+            y_m, err = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, cache_m,
+                           override=over)
+            assert torch.equal(y_m.view(torch.int16), y_all[:m].view(torch.int16)), (tile, hpc, m)
+            s = slots[:m].long()
+            s = s[s >= 0]
+            rows_m = _cache_rows(cache_m, kv_heads)
+            assert torch.equal(rows_m[s].view(torch.int16), rows_all[s].view(torch.int16)), (tile, hpc, m)
+            untouched = torch.ones(rows_m.shape[0], dtype=torch.bool, device=DEV)
+            untouched[s] = False
+            assert bool(rows_m[untouched].isnan().all()), f"{(tile, hpc, m)}: rows outside its slots were written"
+            assert int(err.item()) == 0
+
+
 def test_error_flags_and_skipped_rows(cos_sin):
     """A slot past the cache is skipped (BAD_SLOT), a position past cos_sin reads row 0
     (BAD_POSITION); everything else is written as usual."""

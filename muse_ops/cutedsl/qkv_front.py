@@ -170,9 +170,9 @@ class Ring:
     (64, 64) weight box per head h (sW box (s per_stage + j) heads + h) and the tile's (tokens, 64)
     x box (sX box s per_stage + j), both 128-byte swizzled (the canonical K-major wgmma layout).
     Per stage a full barrier (the producer's arrive and its TMA bytes) and an empty one (an arrive
-    per consumer warp); the n-th use of a stage is phase n % 2 of both. With x multicast
-    (`multicast`) the pair's other CTA (`peer`) writes half of every stage's x, so a stage is
-    empty once the consumer warps of both CTAs have released it: each warp arrives on its own
+    per consumer warp); the n-th use of a stage is phase n % 2 of both. With x or weight
+    multicast (`multicast`) the pair's other CTA (`peer`) writes half of every stage's x (or of
+    its weight boxes), so a stage is empty once the consumer warps of both CTAs have released it: each warp arrives on its own
     CTA's empty barrier and on the peer's. After the main loop the ring's bytes are the split-K
     sum's landing zone (SplitK)."""
     full: cute.Pointer
@@ -265,24 +265,25 @@ class XBoxes:
 
 
 @dataclass(frozen=True)
-class XMulticast:
-    """This CTA's half of a whole tile's x box (rows pair * size / 2 ..), multicast into the same
-    place of both CTAs of the pair (mask: their ranks in the cluster)."""
+class HalfMulticast:
+    """This CTA's half of a box (rows pair * rows / 2 ..: a whole tile's x box, or a head's weight
+    box), multicast into the same place of both CTAs of the pair (mask: their ranks in the cluster)."""
     atom: cute.CopyAtom
-    tXs: cute.Tensor     # the ring's half boxes: (box, slot)
-    tXg: cute.Tensor     # x: (box, token tile, K tile)
+    tS: cute.Tensor      # the ring's half boxes: (box, slot) (weight: slot * heads + head)
+    tG: cute.Tensor      # x: (box, token tile, K tile); the weight: (box, head, K tile)
     mask: cutlass.Int16
 
 
 @dataclass(frozen=True)
 class ClusterPlace:
-    """Where the CTA sits in its cluster: the K split's rank, the pair of head groups (x
-    multicast; pair 0 without it), and whether its head group exists (a helper past the last
-    group of an odd count loads x for its pair and computes nothing anyone reads)."""
+    """Where the CTA sits in its cluster: the K split's rank, its place in the multicast pair (of
+    head groups with x multicast, of token tiles with weight multicast; pair 0 without), and
+    whether its head group or token tile exists (a helper past the last group or tile of an odd
+    count loads its half for the pair and computes nothing anyone reads)."""
     rank: Int32          # in the K split
     split: Int32
     pair: Int32          # 0 or 1: which CTA of the multicast pair
-    real: Int32          # 1: the head group exists
+    real: Int32          # 1: the head group (x multicast) or token tile (weight multicast) exists
 
     @cute.jit
     def cluster_rank(self, rank: Int32, pair: Int32) -> Int32:
@@ -312,9 +313,10 @@ class Producer:
     tXs: cute.Tensor     # the ring's x boxes: (box, slot)
     tXg: cute.Tensor     # x: (box, token tile, K tile)
     boxes: tuple         # XBoxes per size of a partial tile's boxes; () for tiles of up to 32 tokens
-    multicast: tuple     # (XMulticast,) with x_multicast, else ()
+    multicast: tuple     # (HalfMulticast,) of x with x_multicast, else ()
+    w_multicast: tuple   # (HalfMulticast,) of the weight with w_multicast, else ()
     whole: Int32         # the tile loads x as one box (not partial, or no partial boxes)
-    has_weights: Int32   # 0: a helper CTA (ClusterPlace.real), which loads x alone
+    has_weights: Int32   # 0: an x multicast helper CTA (ClusterPlace.real), which loads x alone
     step_bytes: Int32    # the TMA bytes of one K tile
     n_stages: Int32      # the stages of the rank's K tiles
     n_fill: Int32        # of them, the first use of each ring stage
@@ -336,6 +338,8 @@ class Producer:
         if const_expr(len(cfg.x_part_boxes) > 0):
             x_rows = cutlass.min(Int32(size), (tokens.m - tokens.index * size + X_BOX_MIN_ROWS - 1) // X_BOX_MIN_ROWS
                                  * X_BOX_MIN_ROWS)
+            if const_expr(cfg.w_multicast):
+                x_rows = x_rows * place.real     # a weight multicast helper loads no x
             left = x_rows
             first = Int32(0)
             for i, rows in enumerate(cfg.x_part_boxes):
@@ -355,13 +359,24 @@ class Producer:
             tXs_m, tXg_m = cpasync.tma_partition(tma.mc_atoms[0], place.pair, cute.make_layout(cfg.group_cluster),
                                                  cute.group_modes(ring.sX, 0, 2), cute.group_modes(gXm, 0, 2))
             mask = (1 << place.cluster_rank(place.rank, 0)) | (1 << place.cluster_rank(place.rank, 1))
-            multicast.append(XMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(mask)))
+            multicast.append(HalfMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(mask)))
+        w_multicast = []
+        has_weights = place.real
+        if const_expr(cfg.w_multicast):
+            # this CTA's half of every weight box (32 of a head's rows), multicast; a helper past the
+            # last tile loads its halves too (its pair's weight), so every CTA of a pair has weights
+            gWm = cute.flat_divide(tma.mc_tensors[0], (HEAD_DIM, K_TILE))
+            tWs_m, tWg_m = cpasync.tma_partition(tma.mc_atoms[0], place.pair, cute.make_layout(cfg.tile_cluster),
+                                                 cute.group_modes(ring.sW, 0, 2), cute.group_modes(gWm, 0, 2))
+            mask = (1 << place.cluster_rank(place.rank, 0)) | (1 << place.cluster_rank(place.rank, 1))
+            w_multicast.append(HalfMulticast(tma.mc_atoms[0], tWs_m, tWg_m, cutlass.Int16(mask)))
+            has_weights = Int32(1)
         whole = Int32(x_rows == size)
-        step_bytes = (heads * HEAD_DIM * place.real + x_rows) * K_TILE * 2
+        step_bytes = (heads * HEAD_DIM * has_weights + x_rows) * K_TILE * 2
         n_stages = k_tiles.stages()
         n_fill = cutlass.min(n_stages, Int32(cfg.stages))
         return Producer(ring, k_tiles, tokens, head_group, heads, tma.w, tWs, tWg, tma.x, tXs, tXg, tuple(boxes),
-                        tuple(multicast), whole, place.real, step_bytes, n_stages, n_fill)
+                        tuple(multicast), tuple(w_multicast), whole, has_weights, step_bytes, n_stages, n_fill)
 
     @cute.jit
     def issue(self, i: Int32, s: Int32, weights: cutlass.Constexpr[bool], x: cutlass.Constexpr[bool]):
@@ -377,8 +392,15 @@ class Producer:
                 if const_expr(weights):
                     if self.has_weights != 0:
                         for h in cutlass.range_constexpr(heads):
-                            cute.copy(self.tma_w, self.tWg[None, self.head_group * heads + h, kt],
-                                      self.tWs[None, (s * per_stage + j) * heads + h], tma_bar_ptr=self.ring.full + s)
+                            if const_expr(len(self.w_multicast) > 0):
+                                mc = self.w_multicast[0]
+                                cute.copy(mc.atom, mc.tG[None, self.head_group * heads + h, kt],
+                                          mc.tS[None, (s * per_stage + j) * heads + h], tma_bar_ptr=self.ring.full + s,
+                                          mcast_mask=mc.mask)
+                            else:
+                                cute.copy(self.tma_w, self.tWg[None, self.head_group * heads + h, kt],
+                                          self.tWs[None, (s * per_stage + j) * heads + h],
+                                          tma_bar_ptr=self.ring.full + s)
                 if const_expr(x):
                     self.load_x(kt, s * per_stage + j, self.ring.full + s)
 
@@ -395,7 +417,7 @@ class Producer:
             if self.whole != 0:
                 if const_expr(len(self.multicast) > 0):
                     mc = self.multicast[0]
-                    cute.copy(mc.atom, mc.tXg[None, tile, kt], mc.tXs[None, slot], tma_bar_ptr=bar,
+                    cute.copy(mc.atom, mc.tG[None, tile, kt], mc.tS[None, slot], tma_bar_ptr=bar,
                               mcast_mask=mc.mask)
                 else:
                     cute.copy(self.tma_x, self.tXg[None, tile, kt], self.tXs[None, slot], tma_bar_ptr=bar)
@@ -754,15 +776,21 @@ class QkvFrontSm90:
             box_layout = cute.tile_to_shape(atom, (rows, K_TILE, 1), (0, 1, 2))
             boxes.append(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mX,
                                                      cute.slice_(box_layout, (None, None, 0)), (rows, K_TILE)))
-        # with x_multicast the whole tile's x box also as a multicast over the pair of head groups
+        # with x_multicast the whole tile's x box also as a multicast over the pair of head groups;
+        # with w_multicast the weight box as a multicast over the pair of token tiles
         multicast = []
-        pairs = self.cfg.group_cluster
+        pairs, tile_pairs = self.cfg.group_cluster, self.cfg.tile_cluster
         if const_expr(self.cfg.x_multicast):
             multicast.append(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SMulticastOp(), mX,
                                                          cute.slice_(sX_layout, (None, None, 0)), (tokens, K_TILE),
                                                          num_multicast=pairs))
+        if const_expr(self.cfg.w_multicast):
+            multicast.append(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SMulticastOp(), mW,
+                                                         cute.slice_(sW_layout, (None, None, 0)), (HEAD_DIM, K_TILE),
+                                                         num_multicast=tile_pairs))
         m = mX.shape[0]
-        # head groups rounded up to whole pairs (a helper CTA past an odd count: ClusterPlace)
+        # token tiles and head groups rounded up to whole pairs (a helper CTA past an odd count: ClusterPlace)
+        token_tiles = ((m + tokens - 1) // tokens + tile_pairs - 1) // tile_pairs * tile_pairs
         head_groups = (mW.shape[0] // (HEAD_DIM * heads) + pairs - 1) // pairs * pairs
         # the split's ranks are a cluster's CTAs, or a whole-K CTA sums them all as stripes
         ranks = 1 if const_expr(self.cfg.whole_k) else split
@@ -772,8 +800,8 @@ class QkvFrontSm90:
         self.kernel(tma_w, mW_tma, tma_x, mX_tma, tuple(a for a, _ in boxes), tuple(t for _, t in boxes),
                     tuple(a for a, _ in multicast), tuple(t for _, t in multicast), mPos, mSlot,
                     mCS, mCache, mY, mErr, mKScale, mVScale, sW_layout, sX_layout, split).launch(
-            grid=(ranks, (m + tokens - 1) // tokens, head_groups), block=(self.cfg.threads, 1, 1),
-            cluster=(ranks, 1, pairs), stream=stream, use_pdl=self.cfg.pdl)
+            grid=(ranks, token_tiles, head_groups), block=(self.cfg.threads, 1, 1),
+            cluster=(ranks, tile_pairs, pairs), stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW_tma: cute.Tensor, tma_x: cute.CopyAtom, mX_tma: cute.Tensor,
@@ -787,11 +815,14 @@ class QkvFrontSm90:
         rank, tile, head_group = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self.stamp("entry")
-        multicast = self.cfg.x_multicast
-        pair, real = Int32(0), Int32(1)    # without multicast every CTA's head group exists
-        if const_expr(multicast):
+        multicast = self.cfg.multicast
+        pair, real = Int32(0), Int32(1)    # without multicast every CTA's head group and tile exist
+        if const_expr(self.cfg.x_multicast):
             pair = head_group % self.cfg.group_cluster
             real = Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta))
+        if const_expr(self.cfg.w_multicast):
+            pair = tile % self.cfg.tile_cluster
+            real = Int32(tile * self.token_tile < mY.shape[0])
         # a whole-K CTA is the only rank of a split of 1 (its epilogue sums one partial, its
         # own); its main loop runs the deployment's split as stripes
         place = ClusterPlace(rank, Int32(1) if const_expr(self.cfg.whole_k) else split, pair, real)

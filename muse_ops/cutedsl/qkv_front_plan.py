@@ -95,6 +95,12 @@ RELEASE_AT_ONCE_TILE = 16
 # cluster of 6 CTAs (Hkv 1 and 2, K split 3) holds only 102 CTAs on the GPU at once, and from 512
 # tokens the large tiles are not bound by the L2's x traffic at any Hkv.
 MULTICAST_GROUP = 2
+# Weight multicast over a pair of token tiles (QkvFrontConfig.w_multicast, whole-K tiles only): the
+# cluster is two token tiles of one head group; each CTA loads the half of every weight box (32 of
+# a head's 64 rows) and multicasts it into both rings, so the pair reads its weight from the L2
+# once. A whole-K grid of 96 x 3 tiles at Hkv 2 M=1024 otherwise moves about twice the L2 bytes of
+# cuBLAS's matmul (ncu, RESULTS.md). An odd tile count gets a helper CTA past the last tile: it
+# loads its halves of the weight and no x, and stores nothing. Only the loads change, never the bits.
 
 # Whole-K CTAs (QkvFrontConfig.whole_k): a CTA owns its tile's whole K range and sums it as the
 # split's S stripes, stripe g the K tiles [g 128 / S, (g + 1) 128 / S) (k_range), each from a zeroed
@@ -259,6 +265,7 @@ class QkvFrontConfig:
     fp8: bool = False     # a float8_e4m3fn cache: the insert quantizes k' / k_scale and v / v_scale
     x_multicast: bool = False   # development: x multicast over a pair of head groups (MULTICAST_GROUP; see above)
     whole_k: bool = False   # a CTA sums every K tile as the split's stripes (Whole-K CTAs, above): no cluster
+    w_multicast: bool = False   # whole-K: the weight multicast over a pair of token tiles (MULTICAST_GROUP; see above)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp
@@ -268,6 +275,16 @@ class QkvFrontConfig:
     def group_cluster(self) -> int:
         """Head groups per cluster: MULTICAST_GROUP with x_multicast, else 1."""
         return MULTICAST_GROUP if self.x_multicast else 1
+
+    @property
+    def tile_cluster(self) -> int:
+        """Token tiles per cluster: MULTICAST_GROUP with w_multicast, else 1."""
+        return MULTICAST_GROUP if self.w_multicast else 1
+
+    @property
+    def multicast(self) -> bool:
+        """A CTA's ring takes loads from its pair's other CTA (x or weight multicast)."""
+        return self.x_multicast or self.w_multicast
 
     @property
     def x_part_boxes(self) -> tuple[int, ...]:
@@ -310,6 +327,9 @@ class QkvFrontConfig:
         cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)
         # a multicast tile's partial last tile loads its own x in boxes (tiles of up to 32 tokens have none)
         assert not cfg.x_multicast or cfg.x_part_boxes, f"{cfg}: x multicast needs a tile of 64 tokens or more"
+        # weight multicast pairs token tiles of whole-K CTAs (a split cluster would need 2 S CTAs),
+        # one multicast a ring (the helper CTA past an odd tile count loads no x: x_part_boxes)
+        assert not cfg.w_multicast or (cfg.whole_k and not cfg.x_multicast and cfg.x_part_boxes), cfg
         # the landing zone of the split-K sum reuses the ring once every CTA's main loop is done
         assert cfg.stages * cfg.stage_bytes >= cfg.landing_bytes, cfg
         assert cfg.stages * cfg.stage_bytes <= SMEM_LIMIT, f"{cfg}: the ring exceeds shared memory"
@@ -443,9 +463,11 @@ def ci_variants() -> list[QkvFrontConfig]:
 def dev_variants() -> list[QkvFrontConfig]:
     """Development knobs CI also compiles, so they keep compiling (no launch of the package takes
     them, and the ahead-of-time library holds none): x_multicast at a one-head and a two-head
-    cluster tile and at a whole-K tile."""
-    return [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True, whole_k=whole_k)
-            for tile, hpc, whole_k in ((128, 1, False), (256, 2, False), (128, 2, True))]
+    cluster tile and at a whole-K tile; w_multicast at a two-head and a three-head whole-K tile."""
+    return ([QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True, whole_k=whole_k)
+             for tile, hpc, whole_k in ((128, 1, False), (256, 2, False), (128, 2, True))]
+            + [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", w_multicast=True, whole_k=True)
+               for tile, hpc in ((128, 2), (112, 3))])
 
 
 def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:
