@@ -222,21 +222,24 @@ def test_whole_k_tiles_keep_the_bits(kv_heads, cos_sin):
         assert torch.equal(y_again.view(torch.int16), y_all.view(torch.int16)), (tile, hpc, "run to run")
 
 
+@pytest.mark.parametrize("x_multicast", [False, True], ids=["w", "xw"])
 @pytest.mark.parametrize("kv_heads", [1, 2, 4, 8])   # K splits 3, 3, 1, 2
-def test_weight_multicast_keeps_the_bits(kv_heads, cos_sin):
+def test_weight_multicast_keeps_the_bits(kv_heads, x_multicast, cos_sin):
     """Weight multicast over a pair of token tiles (QkvFrontConfig.w_multicast) changes only how
     the weight is loaded: the same y and cache bits as the default variant at an even tile count,
     at an odd one with a partial last tile (a helper CTA past it loads its halves of the weight
-    and stores nothing), and at a single partial tile; rows outside the launch's slots untouched."""
+    and stores nothing), and at a single partial tile; rows outside the launch's slots untouched.
+    With x multicast too (clusters of two token tiles x two head groups), at Hkv 1 a helper past
+    an odd count of two-head groups as well."""
     Q = _kernel()
     x, w, pos, slots, cache = make_inputs(700, kv_heads, seed=4990 + kv_heads, pad=50)
     before = cache.clone()
     y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
     check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
     rows_all = _cache_rows(cache, kv_heads)
-    for tile, hpc in ((112, 3), (128, 2), (96, 3)):
+    for tile, hpc in ((112, 3), (128, 2)) + (() if x_multicast else ((96, 3),)):
         for m in (4 * tile, 3 * tile - 40, tile - 7, 700):
-            over = {"whole_k": True, "tile": (tile, hpc), "w_multicast": True}
+            over = {"whole_k": True, "tile": (tile, hpc), "w_multicast": True, "x_multicast": x_multicast}
             cache_m = torch.full_like(cache, float("nan"))
             y_m, err = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, cache_m,
                            override=over)

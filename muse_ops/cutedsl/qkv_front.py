@@ -180,24 +180,26 @@ class Ring:
     sW: cute.Tensor
     sX: cute.Tensor
     stages: cutlass.Constexpr[int]
-    peer: Int32                            # the pair's other CTA (its rank in the cluster)
-    multicast: cutlass.Constexpr[bool]
+    x_peer: Int32                          # the other CTA of the pair of head groups (its cluster rank)
+    w_peer: Int32                          # the other CTA of the pair of token tiles
+    x_multicast: cutlass.Constexpr[bool]
+    w_multicast: cutlass.Constexpr[bool]
 
     @staticmethod
     def allocate(smem: SmemAllocator, sW_layout: cute.ComposedLayout, sX_layout: cute.ComposedLayout,
-                 stages: int, peer: Int32, multicast: bool) -> "Ring":
+                 stages: int, place: ClusterPlace, cfg) -> "Ring":
         """The barriers, then the stages (x's right after the weight's)."""
         full = smem.allocate_array(Int64, stages, byte_alignment=8)
         empty = smem.allocate_array(Int64, stages, byte_alignment=8)
         sW = smem.allocate_tensor(BFloat16, sW_layout.outer, byte_alignment=1024, swizzle=sW_layout.inner)
         sX = smem.allocate_tensor(BFloat16, sX_layout.outer, byte_alignment=1024, swizzle=sX_layout.inner)
-        return Ring(full, empty, sW, sX, stages, peer, multicast)
+        return Ring(full, empty, sW, sX, stages, place.x_peer(), place.w_peer(), cfg.x_multicast, cfg.w_multicast)
 
     @cute.jit
     def init(self, consumer_warps: cutlass.Constexpr[int]):
         """One lane of one warp, before the CTA's first barrier (a cluster barrier with multicast:
-        the peer's copies and arrives must find these initialised)."""
-        releases = consumer_warps * (2 if self.multicast else 1)
+        the peers' copies and arrives must find these initialised)."""
+        releases = consumer_warps * (1 + int(self.x_multicast) + int(self.w_multicast))
         with cute.arch.elect_one():
             for s in cutlass.range_constexpr(self.stages):
                 cute.arch.mbarrier_init(self.full + s, 1)
@@ -223,8 +225,10 @@ class Ring:
         """A consumer warp's lane 0: its wgmmas no longer read stage s (here, and with multicast
         the peer may write its half of x into it)."""
         cute.arch.mbarrier_arrive(self.empty + s)
-        if const_expr(self.multicast):
-            cute.arch.mbarrier_arrive(self.empty + s, self.peer)
+        if const_expr(self.x_multicast):
+            cute.arch.mbarrier_arrive(self.empty + s, self.x_peer)
+        if const_expr(self.w_multicast):
+            cute.arch.mbarrier_arrive(self.empty + s, self.w_peer)
 
 
 @dataclass(frozen=True)
@@ -276,23 +280,42 @@ class HalfMulticast:
 
 @dataclass(frozen=True)
 class ClusterPlace:
-    """Where the CTA sits in its cluster: the K split's rank, its place in the multicast pair (of
-    head groups with x multicast, of token tiles with weight multicast; pair 0 without), and
-    whether its head group or token tile exists (a helper past the last group or tile of an odd
-    count loads its half for the pair and computes nothing anyone reads)."""
+    """Where the CTA sits in its cluster: the K split's rank, its place in the pair of head groups
+    (x multicast) and in the pair of token tiles (weight multicast; 0 without), and whether its
+    head group and its token tile exist (a helper past the last group or tile of an odd count
+    loads its halves for its pair and computes nothing anyone reads). The cluster is (K split,
+    token tiles, head groups), x fastest."""
     rank: Int32          # in the K split
     split: Int32
-    pair: Int32          # 0 or 1: which CTA of the multicast pair
-    real: Int32          # 1: the head group (x multicast) or token tile (weight multicast) exists
+    pair: Int32          # 0 or 1: which CTA of the pair of head groups
+    tile_pair: Int32     # 0 or 1: which CTA of the pair of token tiles
+    group_real: Int32    # 1: the head group exists
+    tile_real: Int32     # 1: the token tile exists
+    tile_pairs: cutlass.Constexpr[int]   # token tiles a cluster (QkvFrontConfig.tile_cluster)
+
+    @property
+    def real(self) -> Int32:   # the CTA computes rows someone reads
+        return self.group_real * self.tile_real
 
     @cute.jit
-    def cluster_rank(self, rank: Int32, pair: Int32) -> Int32:
-        """The cluster rank of the CTA at (K split rank, pair): x fastest, then z."""
-        return rank + pair * self.split
+    def cluster_rank(self, rank: Int32, pair: Int32, tile_pair: Int32) -> Int32:
+        """The cluster rank of the CTA at (K split rank, tile pair, group pair)."""
+        return rank + self.split * (tile_pair + self.tile_pairs * pair)
 
     @cute.jit
-    def peer(self) -> Int32:
-        return self.cluster_rank(self.rank, 1 - self.pair)
+    def own(self, rank: Int32) -> Int32:
+        """The cluster rank of K split rank `rank` beside this CTA (the same pairs)."""
+        return self.cluster_rank(rank, self.pair, self.tile_pair)
+
+    @cute.jit
+    def x_peer(self) -> Int32:
+        """The other CTA of the pair of head groups (x multicast)."""
+        return self.cluster_rank(self.rank, 1 - self.pair, self.tile_pair)
+
+    @cute.jit
+    def w_peer(self) -> Int32:
+        """The other CTA of the pair of token tiles (weight multicast)."""
+        return self.cluster_rank(self.rank, self.pair, 1 - self.tile_pair)
 
 
 @dataclass(frozen=True)
@@ -339,7 +362,7 @@ class Producer:
             x_rows = cutlass.min(Int32(size), (tokens.m - tokens.index * size + X_BOX_MIN_ROWS - 1) // X_BOX_MIN_ROWS
                                  * X_BOX_MIN_ROWS)
             if const_expr(cfg.w_multicast):
-                x_rows = x_rows * place.real     # a weight multicast helper loads no x
+                x_rows = x_rows * place.tile_real     # a helper past the last token tile loads no x
             left = x_rows
             first = Int32(0)
             for i, rows in enumerate(cfg.x_part_boxes):
@@ -358,19 +381,22 @@ class Producer:
             gXm = cute.flat_divide(tma.mc_tensors[0], (size, K_TILE))
             tXs_m, tXg_m = cpasync.tma_partition(tma.mc_atoms[0], place.pair, cute.make_layout(cfg.group_cluster),
                                                  cute.group_modes(ring.sX, 0, 2), cute.group_modes(gXm, 0, 2))
-            mask = (1 << place.cluster_rank(place.rank, 0)) | (1 << place.cluster_rank(place.rank, 1))
+            mask = ((1 << place.cluster_rank(place.rank, 0, place.tile_pair))
+                    | (1 << place.cluster_rank(place.rank, 1, place.tile_pair)))
             multicast.append(HalfMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(mask)))
         w_multicast = []
-        has_weights = place.real
         if const_expr(cfg.w_multicast):
-            # this CTA's half of every weight box (32 of a head's rows), multicast; a helper past the
-            # last tile loads its halves too (its pair's weight), so every CTA of a pair has weights
-            gWm = cute.flat_divide(tma.mc_tensors[0], (HEAD_DIM, K_TILE))
-            tWs_m, tWg_m = cpasync.tma_partition(tma.mc_atoms[0], place.pair, cute.make_layout(cfg.tile_cluster),
+            # this CTA's half of every weight box (32 of a head's rows), multicast over the pair of
+            # token tiles; a helper past the last tile loads its halves too (its pair's weight)
+            w_atom = len(multicast)     # the weight's multicast atom follows x's
+            gWm = cute.flat_divide(tma.mc_tensors[w_atom], (HEAD_DIM, K_TILE))
+            tWs_m, tWg_m = cpasync.tma_partition(tma.mc_atoms[w_atom], place.tile_pair,
+                                                 cute.make_layout(cfg.tile_cluster),
                                                  cute.group_modes(ring.sW, 0, 2), cute.group_modes(gWm, 0, 2))
-            mask = (1 << place.cluster_rank(place.rank, 0)) | (1 << place.cluster_rank(place.rank, 1))
-            w_multicast.append(HalfMulticast(tma.mc_atoms[0], tWs_m, tWg_m, cutlass.Int16(mask)))
-            has_weights = Int32(1)
+            mask = ((1 << place.cluster_rank(place.rank, place.pair, 0))
+                    | (1 << place.cluster_rank(place.rank, place.pair, 1)))
+            w_multicast.append(HalfMulticast(tma.mc_atoms[w_atom], tWs_m, tWg_m, cutlass.Int16(mask)))
+        has_weights = place.group_real   # a helper past the last head group loads no weight
         whole = Int32(x_rows == size)
         step_bytes = (heads * HEAD_DIM * has_weights + x_rows) * K_TILE * 2
         n_stages = k_tiles.stages()
@@ -816,27 +842,29 @@ class QkvFrontSm90:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self.stamp("entry")
         multicast = self.cfg.multicast
-        pair, real = Int32(0), Int32(1)    # without multicast every CTA's head group and tile exist
+        # without multicast every CTA's head group and token tile exist
+        pair, tile_pair, group_real, tile_real = Int32(0), Int32(0), Int32(1), Int32(1)
         if const_expr(self.cfg.x_multicast):
             pair = head_group % self.cfg.group_cluster
-            real = Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta))
+            group_real = Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta))
         if const_expr(self.cfg.w_multicast):
-            pair = tile % self.cfg.tile_cluster
-            real = Int32(tile * self.token_tile < mY.shape[0])
+            tile_pair = tile % self.cfg.tile_cluster
+            tile_real = Int32(tile * self.token_tile < mY.shape[0])
         # a whole-K CTA is the only rank of a split of 1 (its epilogue sums one partial, its
         # own); its main loop runs the deployment's split as stripes
-        place = ClusterPlace(rank, Int32(1) if const_expr(self.cfg.whole_k) else split, pair, real)
+        place = ClusterPlace(rank, Int32(1) if const_expr(self.cfg.whole_k) else split, pair, tile_pair,
+                             group_real, tile_real, self.cfg.tile_cluster)
 
         # ---- shared memory: the ring, the tile's indices; after the main loop the ring is the
         # landing zone of the split-K sum
         smem = SmemAllocator()
-        ring = Ring.allocate(smem, sW_layout, sX_layout, self.stages, place.peer(), multicast)
+        ring = Ring.allocate(smem, sW_layout, sX_layout, self.stages, place, self.cfg)
         indices = TileIndices.allocate(smem, self.token_tile, self.rope)
         split_k = SplitK.create(place, ring, self.cfg)
         tma = TmaLoads(tma_w, mW_tma, tma_x, mX_tma, box_atoms, box_tensors, mc_atoms, mc_tensors)
         if warp == self.producer_warp:
             tma.prefetch()
-            ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA of a pair)
+            ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA writing the ring)
         if const_expr(multicast):
             # the pair's copies and arrives land in both CTAs' rings: every barrier initialised first
             cute.arch.cluster_arrive_relaxed()
@@ -1025,8 +1053,8 @@ class QkvFrontSm90:
         coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
         magic = split_k.magic()
         # the landing zone's address in each rank's window (ranks past the split: the last one, unused)
-        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, split_k.place.cluster_rank(
-            cutlass.min(Int32(r), split_k.split - 1), split_k.place.pair)).toint() for r in range(MAX_K_SPLIT)]
+        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, split_k.place.own(
+            cutlass.min(Int32(r), split_k.split - 1))).toint() for r in range(MAX_K_SPLIT)]
         for group in cutlass.range_constexpr(cute.size(acc) // 4):   # column groups of 8 tokens
             for half in cutlass.range_constexpr(2):                   # row halves
                 i = 4 * group + 2 * half

@@ -327,9 +327,10 @@ class QkvFrontConfig:
         cfg = QkvFrontConfig(token_tile, heads_per_cta, stages, bool(rope), pos_dtype, slot_dtype, **over)
         # a multicast tile's partial last tile loads its own x in boxes (tiles of up to 32 tokens have none)
         assert not cfg.x_multicast or cfg.x_part_boxes, f"{cfg}: x multicast needs a tile of 64 tokens or more"
-        # weight multicast pairs token tiles of whole-K CTAs (a split cluster would need 2 S CTAs),
-        # one multicast a ring (the helper CTA past an odd tile count loads no x: x_part_boxes)
-        assert not cfg.w_multicast or (cfg.whole_k and not cfg.x_multicast and cfg.x_part_boxes), cfg
+        # weight multicast pairs token tiles of whole-K CTAs (a split cluster would need 2 S CTAs;
+        # the helper CTA past an odd tile count loads no x: x_part_boxes); with x multicast too the
+        # cluster is two token tiles x two head groups
+        assert not cfg.w_multicast or (cfg.whole_k and cfg.x_part_boxes), cfg
         # the landing zone of the split-K sum reuses the ring once every CTA's main loop is done
         assert cfg.stages * cfg.stage_bytes >= cfg.landing_bytes, cfg
         assert cfg.stages * cfg.stage_bytes <= SMEM_LIMIT, f"{cfg}: the ring exceeds shared memory"
@@ -463,11 +464,12 @@ def ci_variants() -> list[QkvFrontConfig]:
 def dev_variants() -> list[QkvFrontConfig]:
     """Development knobs CI also compiles, so they keep compiling (no launch of the package takes
     them, and the ahead-of-time library holds none): x_multicast at a one-head and a two-head
-    cluster tile and at a whole-K tile; w_multicast at a two-head and a three-head whole-K tile."""
+    cluster tile and at a whole-K tile; w_multicast at a two-head and a three-head whole-K tile, and
+    with x_multicast at the three-head one."""
     return ([QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True, whole_k=whole_k)
              for tile, hpc, whole_k in ((128, 1, False), (256, 2, False), (128, 2, True))]
-            + [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", w_multicast=True, whole_k=True)
-               for tile, hpc in ((128, 2), (112, 3))])
+            + [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", w_multicast=True, whole_k=True, x_multicast=x)
+               for tile, hpc, x in ((128, 2, False), (112, 3, False), (112, 3, True))])
 
 
 def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:
