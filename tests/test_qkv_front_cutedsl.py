@@ -153,18 +153,8 @@ def test_serving_sizes_bit_identical_and_float64(kv_heads, cos_sin):
     rows_all = _cache_rows(cache, kv_heads)
     for m in SERVING_M[:-1]:
         start = (37 * m * kv_heads) % (big - m + 1)
-        part = slice(start, start + m)
-        cache_m = torch.full_like(cache, float("nan"))
-        y_m, err = run(Q, x[part].contiguous(), w, pos[part].contiguous(), slots[part].contiguous(), cos_sin, cache_m)
-        assert torch.equal(y_m.view(torch.int16), y_all[part].view(torch.int16)), (m, start)
-        s = slots[part].long()
-        s = s[s >= 0]
-        rows_m = _cache_rows(cache_m, kv_heads)
-        assert torch.equal(rows_m[s].view(torch.int16), rows_all[s].view(torch.int16)), (m, start)
-        untouched = torch.ones(rows_m.shape[0], dtype=torch.bool, device=DEV)
-        untouched[s] = False
-        assert bool(rows_m[untouched].isnan().all()), f"M={m}: rows outside its slots were written"
-        assert int(err.item()) == 0
+        _assert_part_matches(Q, (x, w, pos, slots, cos_sin, cache), slice(start, start + m), None, y_all, rows_all,
+                             kv_heads)
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 3, 8])
@@ -186,6 +176,36 @@ def test_x_multicast_knob_keeps_the_bits(kv_heads, cos_sin):
         assert int(err.item()) == 0
 
 
+def _default_launch(Q, m, kv_heads, seed, cos_sin):
+    """m tokens (50 of them padding) launched by the plan's variant, checked against the float64
+    evaluation: (the inputs with cos_sin, y, the cache rows)."""
+    x, w, pos, slots, cache = make_inputs(m, kv_heads, seed=seed, pad=50)
+    before = cache.clone()
+    y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
+    check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
+    assert int(err.item()) == 0
+    return (x, w, pos, slots, cos_sin, cache), y_all, _cache_rows(cache, kv_heads)
+
+
+def _assert_part_matches(Q, inputs, part, over, y_all, rows_all, kv_heads):
+    """A launch of the tokens `part` (a slice) of `inputs` under override `over` (None: the plan's
+    variant), into a NaN cache: the same y and cache-row bits as the default launch of them all
+    (y_all, rows_all), no row outside its slots written, no error flag."""
+    x, w, pos, slots, cos_sin, cache = inputs
+    cache_m = torch.full_like(cache, float("nan"))
+    y_m, err = run(Q, x[part].contiguous(), w, pos[part].contiguous(), slots[part].contiguous(), cos_sin, cache_m,
+                   override=over)
+    assert torch.equal(y_m.view(torch.int16), y_all[part].view(torch.int16)), (over, part)
+    s = slots[part].long()
+    s = s[s >= 0]
+    rows_m = _cache_rows(cache_m, kv_heads)
+    assert torch.equal(rows_m[s].view(torch.int16), rows_all[s].view(torch.int16)), (over, part)
+    untouched = torch.ones(rows_m.shape[0], dtype=torch.bool, device=DEV)
+    untouched[s] = False
+    assert bool(rows_m[untouched].isnan().all()), f"{over}, {part}: rows outside its slots were written"
+    assert int(err.item()) == 0
+
+
 def _whole_k_tiles():
     """The plan's whole-K tiles and the largest and smallest of each head count."""
     from muse_ops.cutedsl.qkv_front_plan import WHOLE_K_TILES
@@ -198,26 +218,12 @@ def test_whole_k_tiles_keep_the_bits(kv_heads, cos_sin):
     accumulators: the same y and cache bits as the split cluster, at a whole and a partial last
     tile of each tile shape, run to run; the float64 evaluation at the largest launch."""
     Q = _kernel()
-    x, w, pos, slots, cache = make_inputs(700, kv_heads, seed=4970 + kv_heads, pad=50)
-    before = cache.clone()
-    y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
-    check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
-    rows_all = _cache_rows(cache, kv_heads)
+    inputs, y_all, rows_all = _default_launch(Q, 700, kv_heads, 4970 + kv_heads, cos_sin)
+    x, w, pos, slots, _, cache = inputs
     for tile, hpc in _whole_k_tiles():
+        over = {"whole_k": True, "tile": (tile, hpc)}
         for m in (3 * tile, 3 * tile - 40, 700):
-            over = {"whole_k": True, "tile": (tile, hpc)}
-            cache_m = torch.full_like(cache, float("nan"))
-            y_m, err = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, cache_m,
-                           override=over)
-            assert torch.equal(y_m.view(torch.int16), y_all[:m].view(torch.int16)), (tile, hpc, m)
-            s = slots[:m].long()
-            s = s[s >= 0]
-            rows_m = _cache_rows(cache_m, kv_heads)
-            assert torch.equal(rows_m[s].view(torch.int16), rows_all[s].view(torch.int16)), (tile, hpc, m)
-            untouched = torch.ones(rows_m.shape[0], dtype=torch.bool, device=DEV)
-            untouched[s] = False
-            assert bool(rows_m[untouched].isnan().all()), f"{(tile, hpc, m)}: rows outside its slots were written"
-            assert int(err.item()) == 0
+            _assert_part_matches(Q, inputs, slice(0, m), over, y_all, rows_all, kv_heads)
         y_again, _ = run(Q, x, w, pos, slots, cos_sin, torch.full_like(cache, float("nan")), override=over)
         assert torch.equal(y_again.view(torch.int16), y_all.view(torch.int16)), (tile, hpc, "run to run")
 
@@ -232,26 +238,11 @@ def test_weight_multicast_keeps_the_bits(kv_heads, x_multicast, cos_sin):
     With x multicast too (clusters of two token tiles x two head groups), at Hkv 1 a helper past
     an odd count of two-head groups as well."""
     Q = _kernel()
-    x, w, pos, slots, cache = make_inputs(700, kv_heads, seed=4990 + kv_heads, pad=50)
-    before = cache.clone()
-    y_all, err = run(Q, x, w, pos, slots, cos_sin, cache)
-    check_against_float64(x, w, pos, slots, cos_sin, before, cache, y_all, kv_heads)
-    rows_all = _cache_rows(cache, kv_heads)
+    inputs, y_all, rows_all = _default_launch(Q, 700, kv_heads, 4990 + kv_heads, cos_sin)
     for tile, hpc in ((112, 3), (128, 2)) + (() if x_multicast else ((96, 3),)):
+        over = {"whole_k": True, "tile": (tile, hpc), "w_multicast": True, "x_multicast": x_multicast}
         for m in (4 * tile, 3 * tile - 40, tile - 7, 700):
-            over = {"whole_k": True, "tile": (tile, hpc), "w_multicast": True, "x_multicast": x_multicast}
-            cache_m = torch.full_like(cache, float("nan"))
-            y_m, err = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, cache_m,
-                           override=over)
-            assert torch.equal(y_m.view(torch.int16), y_all[:m].view(torch.int16)), (tile, hpc, m)
-            s = slots[:m].long()
-            s = s[s >= 0]
-            rows_m = _cache_rows(cache_m, kv_heads)
-            assert torch.equal(rows_m[s].view(torch.int16), rows_all[s].view(torch.int16)), (tile, hpc, m)
-            untouched = torch.ones(rows_m.shape[0], dtype=torch.bool, device=DEV)
-            untouched[s] = False
-            assert bool(rows_m[untouched].isnan().all()), f"{(tile, hpc, m)}: rows outside its slots were written"
-            assert int(err.item()) == 0
+            _assert_part_matches(Q, inputs, slice(0, m), over, y_all, rows_all, kv_heads)
 
 
 def test_error_flags_and_skipped_rows(cos_sin):
