@@ -170,11 +170,12 @@ class Ring:
     (64, 64) weight box per head h (sW box (s per_stage + j) heads + h) and the tile's (tokens, 64)
     x box (sX box s per_stage + j), both 128-byte swizzled (the canonical K-major wgmma layout).
     Per stage a full barrier (the producer's arrive and its TMA bytes) and an empty one (an arrive
-    per consumer warp); the n-th use of a stage is phase n % 2 of both. With x or weight
-    multicast (`multicast`) the pair's other CTA (`peer`) writes half of every stage's x (or of
-    its weight boxes), so a stage is empty once the consumer warps of both CTAs have released it: each warp arrives on its own
-    CTA's empty barrier and on the peer's. After the main loop the ring's bytes are the split-K
-    sum's landing zone (SplitK)."""
+    per consumer warp); the n-th use of a stage is phase n % 2 of both. With x multicast the other
+    CTA of the pair of head groups (`x_peer`) writes half of every stage's x, with weight
+    multicast the other CTA of the pair of token tiles (`w_peer`) half of its weight boxes, so a
+    stage is empty once the consumer warps of every CTA that writes it have released it: each warp
+    arrives on its own CTA's empty barrier and on its peers'. After the main loop the ring's bytes
+    are the split-K sum's landing zone (SplitK)."""
     full: cute.Pointer
     empty: cute.Pointer
     sW: cute.Tensor
@@ -223,7 +224,7 @@ class Ring:
     @cute.jit
     def release(self, s: Int32):
         """A consumer warp's lane 0: its wgmmas no longer read stage s (here, and with multicast
-        the peer may write its half of x into it)."""
+        its peers may write their halves into it)."""
         cute.arch.mbarrier_arrive(self.empty + s)
         if const_expr(self.x_multicast):
             cute.arch.mbarrier_arrive(self.empty + s, self.x_peer)
@@ -234,9 +235,10 @@ class Ring:
 @dataclass(frozen=True)
 class TmaLoads:
     """The kernel's TMA atoms and their tensors: the weight, the whole tile's x, the partial
-    tile's x boxes (one atom and tensor per size in QkvFrontConfig.x_part_boxes), and with
-    x_multicast the whole tile's x multicast over the pair (one atom and tensor); none where a
-    variant uses none: each is a tensor map the launch builds and passes."""
+    tile's x boxes (one atom and tensor per size in QkvFrontConfig.x_part_boxes), and the
+    multicasts (mc_*): with x_multicast the whole tile's x over the pair of head groups, then with
+    w_multicast the weight box over the pair of token tiles; none where a variant uses none: each
+    is a tensor map the launch builds and passes."""
     w: cute.CopyAtom
     mW: cute.Tensor
     x: cute.CopyAtom
@@ -339,7 +341,7 @@ class Producer:
     multicast: tuple     # (HalfMulticast,) of x with x_multicast, else ()
     w_multicast: tuple   # (HalfMulticast,) of the weight with w_multicast, else ()
     whole: Int32         # the tile loads x as one box (not partial, or no partial boxes)
-    has_weights: Int32   # 0: an x multicast helper CTA (ClusterPlace.real), which loads x alone
+    has_weights: Int32   # 0: a helper past the last head group (ClusterPlace.group_real), which loads x alone
     step_bytes: Int32    # the TMA bytes of one K tile
     n_stages: Int32      # the stages of the rank's K tiles
     n_fill: Int32        # of them, the first use of each ring stage
@@ -866,7 +868,7 @@ class QkvFrontSm90:
             tma.prefetch()
             ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA writing the ring)
         if const_expr(multicast):
-            # the pair's copies and arrives land in both CTAs' rings: every barrier initialised first
+            # the peers' copies and arrives land in this CTA's ring: every barrier initialised first
             cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
         else:
