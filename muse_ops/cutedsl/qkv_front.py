@@ -295,6 +295,23 @@ class ClusterPlace:
     tile_real: Int32     # 1: the token tile exists
     tile_pairs: cutlass.Constexpr[int]   # token tiles a cluster (QkvFrontConfig.tile_cluster)
 
+    @staticmethod
+    def create(cfg: QkvFrontConfig, rank: Int32, tile: Int32, head_group: Int32, split: Int32,
+               mY: cute.Tensor) -> "ClusterPlace":
+        """CTA (rank, tile, head_group) of a launch whose output is mY (tokens x columns). A whole-K CTA
+        is the only rank of a split of 1 (its epilogue sums one partial, its own); its main loop
+        runs the deployment's split as stripes. Without multicast every head group and token tile
+        exist."""
+        pair, tile_pair, group_real, tile_real = Int32(0), Int32(0), Int32(1), Int32(1)
+        if const_expr(cfg.x_multicast):
+            pair = head_group % cfg.group_cluster
+            group_real = Int32(head_group < mY.shape[1] // (HEAD_DIM * cfg.heads_per_cta))
+        if const_expr(cfg.w_multicast):
+            tile_pair = tile % cfg.tile_cluster
+            tile_real = Int32(tile * cfg.token_tile < mY.shape[0])
+        return ClusterPlace(rank, Int32(1) if const_expr(cfg.whole_k) else split, pair, tile_pair, group_real,
+                            tile_real, cfg.tile_cluster)
+
     @property
     def real(self) -> Int32:   # the CTA computes rows someone reads
         return self.group_real * self.tile_real
@@ -338,7 +355,7 @@ class Producer:
     tXs: cute.Tensor     # the ring's x boxes: (box, slot)
     tXg: cute.Tensor     # x: (box, token tile, K tile)
     boxes: tuple         # XBoxes per size of a partial tile's boxes; () for tiles of up to 32 tokens
-    multicast: tuple     # (HalfMulticast,) of x with x_multicast, else ()
+    x_multicast: tuple   # (HalfMulticast,) of x with x_multicast, else ()
     w_multicast: tuple   # (HalfMulticast,) of the weight with w_multicast, else ()
     whole: Int32         # the tile loads x as one box (not partial, or no partial boxes)
     has_weights: Int32   # 0: a helper past the last head group (ClusterPlace.group_real), which loads x alone
@@ -376,7 +393,7 @@ class Producer:
                 boxes.append(XBoxes(tma.box_atoms[i], tBs, tBg, rows, count, first))
                 left = left - count * rows
                 first = first + count * rows
-        multicast = []
+        x_multicast = []
         if const_expr(cfg.x_multicast):
             # a whole tile's x: this CTA's half of the box, multicast (a partial tile's boxes: each
             # CTA loads its own, both in full)
@@ -385,12 +402,12 @@ class Producer:
                                                  cute.group_modes(ring.sX, 0, 2), cute.group_modes(gXm, 0, 2))
             mask = ((1 << place.cluster_rank(place.rank, 0, place.tile_pair))
                     | (1 << place.cluster_rank(place.rank, 1, place.tile_pair)))
-            multicast.append(HalfMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(mask)))
+            x_multicast.append(HalfMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(mask)))
         w_multicast = []
         if const_expr(cfg.w_multicast):
             # this CTA's half of every weight box (32 of a head's rows), multicast over the pair of
             # token tiles; a helper past the last tile loads its halves too (its pair's weight)
-            w_atom = len(multicast)     # the weight's multicast atom follows x's
+            w_atom = len(x_multicast)     # the weight's multicast atom follows x's
             gWm = cute.flat_divide(tma.mc_tensors[w_atom], (HEAD_DIM, K_TILE))
             tWs_m, tWg_m = cpasync.tma_partition(tma.mc_atoms[w_atom], place.tile_pair,
                                                  cute.make_layout(cfg.tile_cluster),
@@ -404,7 +421,7 @@ class Producer:
         n_stages = k_tiles.stages()
         n_fill = cutlass.min(n_stages, Int32(cfg.stages))
         return Producer(ring, k_tiles, tokens, head_group, heads, tma.w, tWs, tWg, tma.x, tXs, tXg, tuple(boxes),
-                        tuple(multicast), tuple(w_multicast), whole, has_weights, step_bytes, n_stages, n_fill)
+                        tuple(x_multicast), tuple(w_multicast), whole, has_weights, step_bytes, n_stages, n_fill)
 
     @cute.jit
     def issue(self, i: Int32, s: Int32, weights: cutlass.Constexpr[bool], x: cutlass.Constexpr[bool]):
@@ -443,8 +460,8 @@ class Producer:
             cute.copy(self.tma_x, self.tXg[None, tile, kt], self.tXs[None, slot], tma_bar_ptr=bar)
         else:
             if self.whole != 0:
-                if const_expr(len(self.multicast) > 0):
-                    mc = self.multicast[0]
+                if const_expr(len(self.x_multicast) > 0):
+                    mc = self.x_multicast[0]
                     cute.copy(mc.atom, mc.tG[None, tile, kt], mc.tS[None, slot], tma_bar_ptr=bar,
                               mcast_mask=mc.mask)
                 else:
@@ -844,18 +861,7 @@ class QkvFrontSm90:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self.stamp("entry")
         multicast = self.cfg.multicast
-        # without multicast every CTA's head group and token tile exist
-        pair, tile_pair, group_real, tile_real = Int32(0), Int32(0), Int32(1), Int32(1)
-        if const_expr(self.cfg.x_multicast):
-            pair = head_group % self.cfg.group_cluster
-            group_real = Int32(head_group < mY.shape[1] // (HEAD_DIM * self.heads_per_cta))
-        if const_expr(self.cfg.w_multicast):
-            tile_pair = tile % self.cfg.tile_cluster
-            tile_real = Int32(tile * self.token_tile < mY.shape[0])
-        # a whole-K CTA is the only rank of a split of 1 (its epilogue sums one partial, its
-        # own); its main loop runs the deployment's split as stripes
-        place = ClusterPlace(rank, Int32(1) if const_expr(self.cfg.whole_k) else split, pair, tile_pair,
-                             group_real, tile_real, self.cfg.tile_cluster)
+        place = ClusterPlace.create(self.cfg, rank, tile, head_group, split, mY)
 
         # ---- shared memory: the ring, the tile's indices; after the main loop the ring is the
         # landing zone of the split-K sum
