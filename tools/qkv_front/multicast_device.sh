@@ -6,7 +6,8 @@
 #   2. the GPU test of both multicast forms (weight alone, weight + x);
 #   3. Hkv 4 and 8 at M=1024, the same variants;
 #   4. weight + x multicast (clusters of 2 token tiles x 2 head groups) at Hkv 2 M=1024, last: its
-#      cluster of 4 is the least tried.
+#      cluster of 4 is the least tried;
+#   5. more rows for the plan's grid_cost (Hkv 2 M=768 and 1536, Hkv 1 and 16 M=1024), if time is left.
 #   bash tools/qkv_front/multicast_device.sh
 . .device/prelude.sh && . tools/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -23,6 +24,11 @@ timeout 120 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -k "weig
   | grep -Ev "$F" > $OUT/pytest_multicast.log; tail -3 $OUT/pytest_multicast.log
 sweep 4 1024 60
 sweep 8 1024 60
+V_ALL=$V
 V="{};{'tile': (112, 3), $MC};{'tile': (112, 3), $MC, 'x_multicast': True}"
 sweep 2 1024,2048 50 _xw
+V=$V_ALL
+sweep 2 768,1536 60 _fit
+sweep 1 1024 40 _fit
+sweep 16 1024 60 _fit
 true
