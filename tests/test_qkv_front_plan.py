@@ -25,7 +25,7 @@ FASTEST = {
 @pytest.mark.parametrize("kv_heads,m", sorted(FASTEST))
 def test_the_grid_cost_picks_the_measured_fastest_cluster_tile(kv_heads, m):
     """Among the two-head cluster tiles (the sweeps above measured no whole-K tile)."""
-    tile, heads_per_cta, _, whole_k = Q.wave_tile(m, kv_heads, Q.CLUSTER_WAVE_TILES)
+    tile, heads_per_cta, _, whole_k, _ = Q.wave_tile(m, kv_heads, Q.CLUSTER_WAVE_TILES)
     assert heads_per_cta == 2 and not whole_k and tile in FASTEST[kv_heads, m], (kv_heads, m, tile)
 
 

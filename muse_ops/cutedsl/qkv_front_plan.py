@@ -128,6 +128,12 @@ TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
 # from shared memory, so its bytes a FLOP grow as 1 / tokens + 1 / 64), and at Hkv 2 80 x 2 and
 # 96 x 2 lost at every measured M. Measured: RESULTS.md (thirty-sixth and thirty-seventh sessions).
 WHOLE_K_TILES = ((128, 2), (160, 2), (96, 3), (112, 3))
+# The whole-K tiles a launch may also take with weight multicast over pairs of token tiles
+# (w_multicast), beside the same tile without: 128 x 2 (5% faster at Hkv 2 M = 768 and 1536, the
+# same bits). grid_cost counts its pairs (an odd tile count adds a helper CTA, which may cost a
+# wave) and wave_tile prefers it on a tie. The other whole-K tiles gained 1-6% with it at rows the
+# plan gives to other tiles. Measured: RESULTS.md, forty-third session.
+WHOLE_K_MULTICAST_TILES = ((128, 2),)
 # A whole-K CTA's fixed cost in grid_cost, in tokens of two heads: none where the weight streams
 # from the L2 (Hkv 1 and 2; fitted to the thirty-sixth session's sweep), WHOLE_K_HBM_FIXED_TOKENS
 # where it streams from HBM (Hkv >= 3: the thirty-seventh's sweep at Hkv 3, 4, 8 and 16, where any
@@ -140,15 +146,18 @@ WHOLE_K_L2_COST_TENTHS = 5       # grid_cost's L2 bound of a whole-K grid (L2_CO
 class Tile(NamedTuple):
     """What the plan picks for a launch, and what the C++ ops index (LAUNCH_TILES): the token tile
     (the N of the wgmma), the heads per CTA, the K tiles a ring stage, and whether a CTA sums the
-    whole K range as the split's stripes (whole_k) or its rank's share in a split cluster."""
+    whole K range as the split's stripes (whole_k) or its rank's share in a split cluster, and
+    whether a whole-K CTA's weight is multicast over a pair of token tiles (w_multicast)."""
     tokens: int
     heads: int
     k_tiles_per_stage: int = 1
     whole_k: bool = False
+    w_multicast: bool = False
 
 
 LAUNCH_TILES = (tuple(Tile(t, h, k) for _, t, h, k in TILES)
-                + tuple(Tile(t, h, 1, True) for t, h in WHOLE_K_TILES))
+                + tuple(Tile(t, h, 1, True) for t, h in WHOLE_K_TILES)
+                + tuple(Tile(t, h, 1, True, True) for t, h in WHOLE_K_MULTICAST_TILES))
 
 
 def x_part_boxes(token_tile: int) -> tuple[int, ...]:
@@ -382,9 +391,11 @@ def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
     or WHOLE_K_HBM_FIXED_TOKENS (whether the weight fits the L2).
     Where the weight fits the L2 a grid also costs at least L2_COST_TENTHS / 10 x C / SM_TARGET x
     (the CTA's weight rows + its tokens) a K share: its operands then all stream from the L2, and
-    many small tiles are bound by that traffic."""
+    many small tiles are bound by that traffic. A weight-multicast tile counts whole pairs of token
+    tiles (the helper CTA past an odd count holds an SM) and half its weight rows."""
     split, groups, in_l2 = k_split(kv_heads), heads(kv_heads) // tile.heads, weight_fits_l2(kv_heads)
-    ctas = -(-m // tile.tokens) * groups
+    pair = MULTICAST_GROUP if tile.w_multicast else 1   # token tiles rounded up to whole pairs
+    ctas = -(-m // (tile.tokens * pair)) * pair * groups
     if tile.whole_k:
         fixed = WHOLE_K_L2_FIXED_TOKENS if in_l2 else WHOLE_K_HBM_FIXED_TOKENS
         wave = split * tile.heads * tile.tokens // 2 + fixed
@@ -395,7 +406,7 @@ def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
         shares, l2_tenths = 1, L2_COST_TENTHS
     cost = -(-ctas // SM_TARGET) * wave * 10 * SM_TARGET
     if in_l2:
-        cost = max(cost, l2_tenths * ctas * shares * (tile.heads * HEAD_DIM + tile.tokens))
+        cost = max(cost, l2_tenths * ctas * shares * (tile.heads * HEAD_DIM // pair + tile.tokens))
     return cost
 
 
@@ -404,13 +415,14 @@ WAVE_TILES = CLUSTER_WAVE_TILES + tuple(t for t in LAUNCH_TILES if t.whole_k)
 
 
 def wave_tile(m: int, kv_heads: int, candidates: tuple | None = None) -> Tile:
-    """The tile of the least grid_cost among `candidates` (by default TILES' two-head cluster tiles
-    and WHOLE_K_TILES), the larger tile on a tie. The cost is computed in integers; the C++ ops
-    look its choice up in the tables Python hands them. Every tile gives a token the same bits, so
-    the cost only decides the time (bench/RESULTS.md has the sweeps it is fitted to)."""
+    """The tile of the least grid_cost among `candidates` (by default TILES' two-head cluster tiles,
+    WHOLE_K_TILES and WHOLE_K_MULTICAST_TILES), the larger tile on a tie, then the multicast one.
+    The cost is computed in integers; the C++ ops look its choice up in the tables Python hands
+    them. Every tile gives a token the same bits, so the cost only decides the time
+    (bench/RESULTS.md has the sweeps it is fitted to)."""
     if candidates is None:
         candidates = WAVE_TILES
-    return min(candidates, key=lambda t: (grid_cost(m, kv_heads, t), -t.tokens * t.heads))
+    return min(candidates, key=lambda t: (grid_cost(m, kv_heads, t), -t.tokens * t.heads, not t.w_multicast))
 
 
 def _dtype_name(t) -> str:
@@ -425,12 +437,13 @@ def launch_config(m: int, kv_heads: int, rope: bool, positions_dtype, slots_dtyp
         return tile_config(tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
                            _dtype_name(slots_dtype), bool(fp8))
     over = dict(override)
-    tile, hpc, kps, whole_k = tile_for(m, kv_heads)
-    if "tile" in over:   # a cluster tile of TILES, unless the override also asks for whole_k
+    tile, hpc, kps, whole_k, w_multicast = tile_for(m, kv_heads)
+    if "tile" in over:   # a cluster tile of TILES, unless the override also asks for whole_k (and w_multicast)
         tile, hpc = over.pop("tile")
-        kps, whole_k = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1), False
+        kps, whole_k, w_multicast = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1), False, False
     over.setdefault("k_tiles_per_stage", kps)
     over.setdefault("whole_k", whole_k)
+    over.setdefault("w_multicast", w_multicast)
     over.setdefault("fp8", bool(fp8))
     return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
 
@@ -440,7 +453,8 @@ def tile_config(tile: Tile, rope: bool, pos_dtype: str = "int64", slot_dtype: st
                 fp8: bool = False) -> QkvFrontConfig:
     """The plan's variant of a tile (every other knob at its rule)."""
     return QkvFrontConfig.create(tile.tokens, tile.heads, rope, pos_dtype, slot_dtype,
-                                 k_tiles_per_stage=tile.k_tiles_per_stage, fp8=fp8, whole_k=tile.whole_k)
+                                 k_tiles_per_stage=tile.k_tiles_per_stage, fp8=fp8, whole_k=tile.whole_k,
+                                 w_multicast=tile.w_multicast)
 
 
 def deployment_variants(kv_heads: int, rope: bool, fp8: bool = False) -> list[QkvFrontConfig]:
