@@ -4,10 +4,10 @@
 #      rows the plan gives it: Hkv 2 M = 640 (5 tiles and a helper), 768, 1536, 1700; Hkv 1 M = 1152
 #      (9 and a helper), 1536; cuBLAS's matmul beside them (tools/qkv_front/ab.py, same bits checked);
 #   2. the qkv_front GPU suite;
-#   3. compute-sanitizer memcheck, racecheck, synccheck on the weight-multicast cases of
-#      tools/qkv_front/sanitize_case.py (SANITIZE_FROM=12);
-#   4. ncu of 112 x 3 whole-K with and without weight multicast at Hkv 2 M = 1024: what the L2
-#      bytes cut by multicast did to the L2 throughput and the duration.
+#   3. ncu of 112 x 3 whole-K with and without weight multicast at Hkv 2 M = 1024: what the L2
+#      bytes cut by multicast did to the L2 throughput and the duration;
+#   4. compute-sanitizer memcheck, synccheck, racecheck on the weight-multicast cases of
+#      tools/qkv_front/sanitize_case.py (SANITIZE_FROM=12).
 #   bash tools/qkv_front/plan_multicast_device.sh
 . .device/prelude.sh && . tools/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
@@ -19,18 +19,18 @@ ab() {  # Hkv, M list, timeout
 }
 ab 2 640,768,1536,1700 120
 ab 1 1152,1536 60
-timeout 240 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -p no:cacheprovider 2>&1 \
+timeout 150 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -p no:cacheprovider 2>&1 \
   | grep -Ev "$F" > $OUT/pytest_qkv_front.log; echo "== pytest"; tail -3 $OUT/pytest_qkv_front.log
-for tool in memcheck synccheck racecheck; do
-  SANITIZE_FROM=12 timeout 150 compute-sanitizer --tool $tool python3 tools/qkv_front/sanitize_case.py 2>&1 \
-    | grep -Ev "$F" > $OUT/sanitize_$tool.log
-  echo "== $tool"; grep -E "ok, flag|ERROR SUMMARY|Error|done" $OUT/sanitize_$tool.log | tail -4
-done
 for over in "{'tile': (112, 3), 'whole_k': True}" "{'tile': (112, 3), 'whole_k': True, 'w_multicast': True}"; do
   tag=$(echo "$over" | grep -q w_multicast && echo wkmc || echo wk)
-  timeout 120 ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:QkvFront \
+  timeout 70 ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:QkvFront \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --metrics lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,sm__cycles_active.avg,smsp__inst_executed.sum \
     python3 tools/qkv_front/ncu_case.py 1024 2 "$over" > $OUT/ncu_$tag.log 2>&1
   echo "== ncu $tag"; grep -E "case |Duration|L2 Cache Throughput|Compute \(SM\)|SM Frequency|lts__t_bytes|lts__t_sectors_srcunit|xbar2l1tex|sm__cycles_active|inst_executed|Max Bandwidth|long_scoreboard|L2 Hit" $OUT/ncu_$tag.log | head -16
+done
+for tool in memcheck synccheck racecheck; do
+  SANITIZE_FROM=12 timeout 90 compute-sanitizer --tool $tool python3 tools/qkv_front/sanitize_case.py 2>&1 \
+    | grep -Ev "$F" > $OUT/sanitize_$tool.log
+  echo "== $tool"; grep -E "ok, flag|ERROR SUMMARY|Error|done" $OUT/sanitize_$tool.log | tail -4
 done
