@@ -15,7 +15,8 @@ import time
 # Config fields added after dumps were first taken, with the default that generates the code as
 # before: left out of a folder's name where they hold that default, so a dump from before a field
 # existed still compares with one after it.
-LATER_FIELDS = {"fp8": False, "x_multicast": False, "whole_k": False, "w_multicast": False}
+LATER_FIELDS = {"fp8": False, "x_multicast": False, "whole_k": False, "w_multicast": False,
+                "register_reallocation": False}
 
 
 def variant_name(op: str, cfg) -> str:

@@ -62,8 +62,8 @@ from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
 from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mul_rn, pack_e4m3x4, pack_x2, select, set_error_bit,
                   st_dsmem_f32x2)
-from .qkv_front_plan import (K_TILE, K_TILES, MAX_K_SPLIT, STAMP_PHASES, STAMP_PRODUCER_PHASES,  # noqa: F401
-                             STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
+from .qkv_front_plan import (CONSUMER_REGISTERS, K_TILE, K_TILES, MAX_K_SPLIT, PRODUCER_REGISTERS,  # noqa: F401
+                             STAMP_PHASES, STAMP_PRODUCER_PHASES, STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
                              landing_offset, landing_slab, landing_slab_floats, launch_config, owned_token)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
@@ -884,33 +884,49 @@ class QkvFrontSm90:
         # then every CTA's ring is drained and the consumers push their partials to the owners
         k_tiles = split_k.k_tiles(self.tiles_per_stage)
         tokens = TokenTile(tile, mY.shape[0], self.token_tile)
-        if warp == self.producer_warp:
-            producer = Producer.create(self.cfg, tma, ring, k_tiles, tokens, head_group, place)
-            self.produce(producer, indices, mPos, mSlot, mCS, mErr)
-            self.rings_drained()
-        else:
-            if const_expr(self.cfg.whole_k):
-                acc = self.consume_stripes(ring, split, warp // 4, tidx % 128)
+        if const_expr(self.cfg.register_reallocation):
+            # each role runs to the end in its own branch, so ptxas holds each warpgroup to its
+            # setmaxnreg (executed once by every warp of the warpgroup)
+            if warp >= self.producer_warp:
+                cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+                if warp == self.producer_warp:
+                    producer = Producer.create(self.cfg, tma, ring, k_tiles, tokens, head_group, place)
+                    self.produce(producer, indices, mPos, mSlot, mCS, mErr)
+                self.rings_drained()   # the producer warpgroup's other warps: the barriers only
+                self.partials_landed()
             else:
-                acc = self.consume(ring, k_tiles, warp // 4, tidx % 128)
-            self.stamp("loop_end")
-            if const_expr(self.cfg.trigger_point == "main_loop"):
-                cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
-            self.rings_drained()
-            self.stamp("drained")
-            if place.real != 0:
-                self.push_partial(acc, split_k, warp // 4, tidx % 128)
-        self.partials_landed()
-        self.stamp("pushed")
+                cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+                self.consume_and_push(ring, k_tiles, split, split_k, place, warp, tidx)
+                self.partials_landed()
+                self.stamp("pushed")
+                if place.real != 0:
+                    self.store_rows(split_k, tokens, head_group, indices, mCS, mY, mCache, mErr, mKScale, mVScale)
+        else:
+            if warp == self.producer_warp:
+                producer = Producer.create(self.cfg, tma, ring, k_tiles, tokens, head_group, place)
+                self.produce(producer, indices, mPos, mSlot, mCS, mErr)
+                self.rings_drained()
+            else:
+                self.consume_and_push(ring, k_tiles, split, split_k, place, warp, tidx)
+            self.partials_landed()
+            self.stamp("pushed")
 
-        # ---- epilogue: the owners' rows, summed, normed, stored (none in a helper CTA)
-        if warp < self.producer_warp and place.real != 0:
-            if const_expr(self.cfg.pdl):
-                cute.arch.griddepcontrol_wait()   # before the first global access of these threads
-            if const_expr(self.cfg.epilogue):
-                cache = KvCache.create(mCache, mErr, mKScale, mVScale)
-                self.epilogue(Epilogue.create(self.cfg, split_k, tokens, head_group, indices, mCS, mY, cache))
-                self.stamp("done")
+            # ---- epilogue: the owners' rows, summed, normed, stored (none in a helper CTA)
+            if warp < self.producer_warp and place.real != 0:
+                self.store_rows(split_k, tokens, head_group, indices, mCS, mY, mCache, mErr, mKScale, mVScale)
+
+    @cute.jit
+    def store_rows(self, split_k: SplitK, tokens: TokenTile, head_group: Int32, indices: TileIndices,
+                   mCS: cute.Tensor, mY: cute.Tensor, mCache: cute.Tensor, mErr: cute.Tensor,
+                   mKScale: cute.Tensor | None, mVScale: cute.Tensor | None):
+        """A consumer thread of a CTA that owns rows: once the previous kernel is done (PDL), the
+        epilogue of its rows (the split-K sum, the norm and RoPE, the stores)."""
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()   # before the first global access of these threads
+        if const_expr(self.cfg.epilogue):
+            cache = KvCache.create(mCache, mErr, mKScale, mVScale)
+            self.epilogue(Epilogue.create(self.cfg, split_k, tokens, head_group, indices, mCS, mY, cache))
+            self.stamp("done")
 
     @cute.jit
     def produce(self, producer: Producer, indices: TileIndices, mPos: cute.Tensor, mSlot: cute.Tensor,
@@ -998,6 +1014,24 @@ class QkvFrontSm90:
             warpgroup.wait_group(0)
             if lane == 0:
                 ring.release(i % self.stages)
+
+    @cute.jit
+    def consume_and_push(self, ring: Ring, k_tiles: KTiles, split: Int32, split_k: SplitK, place: ClusterPlace,
+                         warp: Int32, tidx: Int32):
+        """A consumer warp: its warpgroup's main loop (the rank's K tiles, or a whole-K CTA's
+        stripes), the dependent launch's trigger after it for large tiles, the drain barrier, then
+        the push of the partials to their owners (none from a helper CTA)."""
+        if const_expr(self.cfg.whole_k):
+            acc = self.consume_stripes(ring, split, warp // 4, tidx % 128)
+        else:
+            acc = self.consume(ring, k_tiles, warp // 4, tidx % 128)
+        self.stamp("loop_end")
+        if const_expr(self.cfg.trigger_point == "main_loop"):
+            cute.arch.griddepcontrol_launch_dependents()   # larger tiles: after the main loop
+        self.rings_drained()
+        self.stamp("drained")
+        if place.real != 0:
+            self.push_partial(acc, split_k, warp // 4, tidx % 128)
 
     @cute.jit
     def consume_stripes(self, ring: Ring, stripes: Int32, wg: Int32, wg_tidx: Int32):

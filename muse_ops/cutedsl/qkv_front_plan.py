@@ -110,6 +110,18 @@ MULTICAST_GROUP = 2
 # accumulators are 2 x 64 x tile fp32 a consumer warpgroup, tile registers a thread: at most
 # WHOLE_K_MAX_TILE[heads per CTA] tokens (ptxas's register budget at 128 threads a head + 32).
 WHOLE_K_MAX_TILE = {1: 192, 2: 160, 3: 112}
+# Register reallocation (QkvFrontConfig.register_reallocation, a development knob of two-head
+# whole-K tiles): the producer is a whole warpgroup that keeps PRODUCER_REGISTERS a thread
+# (setmaxnreg.dec; its lane 0 of warp 0 issues the loads, the other warps only join the CTA's
+# barriers) and gives the rest to the two consumer warpgroups (setmaxnreg.inc to
+# CONSUMER_REGISTERS: 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536), so their two accumulators
+# may hold up to REALLOCATED_MAX_TILE tokens (a register a token a thread: ptxas spills nothing
+# at 224 and spills at 240): larger wgmmas (N = tokens), and at Hkv 2 one wave of 7 token tiles x
+# 18 head groups up to 1568 tokens. Each role runs to the kernel's end in its own branch (ptxas
+# then holds each region to its warpgroup's count). Untimed.
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+REALLOCATED_MAX_TILE = 224
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once. Above that a CTA
@@ -275,10 +287,11 @@ class QkvFrontConfig:
     x_multicast: bool = False   # development: x multicast over a pair of head groups (MULTICAST_GROUP; see above)
     whole_k: bool = False   # a CTA sums every K tile as the split's stripes (Whole-K CTAs, above): no cluster
     w_multicast: bool = False   # whole-K: the weight multicast over a pair of token tiles (MULTICAST_GROUP; see above)
+    register_reallocation: bool = False   # development, whole-K two-head: a producer warpgroup (see above)
 
     @property
-    def threads(self) -> int:   # the consumer warpgroups, then one producer warp
-        return 128 * self.heads_per_cta + 32
+    def threads(self) -> int:   # the consumer warpgroups, then one producer warp (a warpgroup with reallocation)
+        return 128 * self.heads_per_cta + (128 if self.register_reallocation else 32)
 
     @property
     def group_cluster(self) -> int:
@@ -322,8 +335,9 @@ class QkvFrontConfig:
         if over.get("whole_k"):
             # any token tile of whole 16-row x boxes up to WHOLE_K_MAX_TILE[heads] (two
             # accumulators a thread), one K tile a stage (a stripe starts at any K tile)
-            assert token_tile % X_BOX_MIN_ROWS == 0 and token_tile <= WHOLE_K_MAX_TILE.get(heads_per_cta, 0), \
-                (token_tile, heads_per_cta)
+            most = (REALLOCATED_MAX_TILE if over.get("register_reallocation") and heads_per_cta == 2
+                    else WHOLE_K_MAX_TILE.get(heads_per_cta, 0))
+            assert token_tile % X_BOX_MIN_ROWS == 0 and token_tile <= most, (token_tile, heads_per_cta)
             assert over.get("k_tiles_per_stage", 1) == 1, over
         else:
             assert (token_tile, heads_per_cta) in TILE_SHAPES, (token_tile, heads_per_cta)
@@ -340,6 +354,9 @@ class QkvFrontConfig:
         # the helper CTA past an odd tile count loads no x: x_part_boxes); with x multicast too the
         # cluster is two token tiles x two head groups
         assert not cfg.w_multicast or (cfg.whole_k and cfg.x_part_boxes), cfg
+        # register reallocation: two consumer warpgroups of whole-K tiles (their registers and the
+        # producer's fill the SM: PRODUCER_REGISTERS, CONSUMER_REGISTERS)
+        assert not cfg.register_reallocation or (cfg.whole_k and cfg.heads_per_cta == 2), cfg
         # the landing zone of the split-K sum reuses the ring once every CTA's main loop is done
         assert cfg.stages * cfg.stage_bytes >= cfg.landing_bytes, cfg
         assert cfg.stages * cfg.stage_bytes <= SMEM_LIMIT, f"{cfg}: the ring exceeds shared memory"
@@ -479,11 +496,14 @@ def dev_variants() -> list[QkvFrontConfig]:
     """Development knobs CI also compiles, so they keep compiling (no launch of the package takes
     them, and the ahead-of-time library holds none): x_multicast at a one-head and a two-head
     cluster tile and at a whole-K tile; w_multicast at a three-head whole-K tile, alone and with
-    x_multicast (the two-head 128 x 2 with w_multicast is a launch tile: ci_variants)."""
+    x_multicast (the two-head 128 x 2 with w_multicast is a launch tile: ci_variants);
+    register_reallocation at two-head whole-K tiles of 192 and REALLOCATED_MAX_TILE tokens."""
     return ([QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True, whole_k=whole_k)
              for tile, hpc, whole_k in ((128, 1, False), (256, 2, False), (128, 2, True))]
             + [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", w_multicast=True, whole_k=True, x_multicast=x)
-               for tile, hpc, x in ((112, 3, False), (112, 3, True))])
+               for tile, hpc, x in ((112, 3, False), (112, 3, True))]
+            + [QkvFrontConfig.create(tile, 2, True, "int64", "int64", whole_k=True, register_reallocation=True)
+               for tile in (192, REALLOCATED_MAX_TILE)])
 
 
 def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:
