@@ -6,15 +6,12 @@
 #   2. the %globaltimer timeline of both in graph replay (tools/qkv_front/timeline.py): whether
 #      the main loop shrinks and something after it grows, or the main loop stays.
 #   bash tools/qkv_front/multicast_timeline_device.sh
-. .device/prelude.sh && . tools/device_env.sh
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. .device/prelude.sh && . tools/qkv_front/device_parts.sh
 W="'tile': (112, 3), 'whole_k': True"
 V="{$W};{$W, 'w_multicast': True};{$W, 'pdl': False};{$W, 'w_multicast': True, 'pdl': False}"
-AB_HKV=2 AB_M=1024,2048 AB_ROUNDS=7 AB_VARIANTS="$V" timeout 120 python3 tools/qkv_front/ab.py 2>&1 | grep -Ev "$F" > $OUT/ab_pdl.log
-echo "== ab"; grep -E "^M=.* us|DIFFERENT|False|Error|Traceback" $OUT/ab_pdl.log | sed "s/'tile': (112, 3), 'whole_k': True/112x3/"
+ab_part pdl 2 1024,2048 7 120
 for mc in False True; do
   TL_M=1024 TL_HKV=2 TL_OUT=$OUT/timeline_mc_$mc TL_OVER="{$W, 'w_multicast': $mc}" timeout 120 \
-    python3 tools/qkv_front/timeline.py 2>&1 | grep -Ev "$F" > $OUT/timeline_mc_$mc.log
+    python3 tools/qkv_front/timeline.py 2>&1 | grep -Ev "$QF_NOISE" > $OUT/timeline_mc_$mc.log
   echo "== timeline w_multicast=$mc"; grep -E "same bits|min |per call|Error|Traceback" $OUT/timeline_mc_$mc.log | head -16
 done

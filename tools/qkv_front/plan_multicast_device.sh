@@ -1,26 +1,20 @@
 # GPU machine (carry .device): the plan's weight-multicast whole-K tile (WHOLE_K_MULTICAST_TILES,
-# 128 x 2) checked and timed, most important first, each part under its own timeout; logs under $OUT.
+# 128 x 2) checked and timed, most important first, each part under its own timeout; logs under
+# $OUT (the forty-third session's call 2).
 #   1. the plan (multicast where it picks 128 x 2) against the same tile without multicast, at the
 #      rows the plan gives it: Hkv 2 M = 640 (5 tiles and a helper), 768, 1536, 1700; Hkv 1 M = 1152
 #      (9 and a helper), 1536; cuBLAS's matmul beside them (tools/qkv_front/ab.py, same bits checked);
 #   2. the qkv_front GPU suite;
 #   3. ncu of 112 x 3 whole-K with and without weight multicast at Hkv 2 M = 1024: what the L2
 #      bytes cut by multicast did to the L2 throughput and the duration;
-#   4. compute-sanitizer memcheck and synccheck on the weight-multicast cases of
-#      tools/qkv_front/sanitize_case.py (SANITIZE_FROM=12).
+#   4. compute-sanitizer memcheck and synccheck on the multicast cases of
+#      tools/qkv_front/sanitize_case.py (from case 12).
 #   bash tools/qkv_front/plan_multicast_device.sh
-. .device/prelude.sh && . tools/device_env.sh
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. .device/prelude.sh && . tools/qkv_front/device_parts.sh
 V="{};{'tile': (128, 2), 'whole_k': True}"
-ab() {  # Hkv, M list, timeout
-  AB_HKV=$1 AB_M=$2 AB_ROUNDS=5 AB_VARIANTS="$V" timeout $3 python3 tools/qkv_front/ab.py 2>&1 | grep -Ev "$F" > $OUT/ab_plan_h$1.log
-  echo "== Hkv $1"; grep -E "^M=.* us|DIFFERENT|False|Error|Traceback" $OUT/ab_plan_h$1.log | sed "s/'whole_k': True/wk/"
-}
-ab 2 640,768,1536,1700 90
-ab 1 1152,1536 60
-timeout 120 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -p no:cacheprovider 2>&1 \
-  | grep -Ev "$F" > $OUT/pytest_qkv_front.log; echo "== pytest"; tail -3 $OUT/pytest_qkv_front.log
+ab_part plan_h2 2 640,768,1536,1700 5 90
+ab_part plan_h1 1 1152,1536 5 60
+gpu_tests_part qkv_front 120 tests/test_qkv_front_cutedsl.py
 for over in "{'tile': (112, 3), 'whole_k': True}" "{'tile': (112, 3), 'whole_k': True, 'w_multicast': True}"; do
   tag=$(echo "$over" | grep -q w_multicast && echo wkmc || echo wk)
   timeout 70 ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:QkvFront \
@@ -29,8 +23,4 @@ for over in "{'tile': (112, 3), 'whole_k': True}" "{'tile': (112, 3), 'whole_k':
     python3 tools/qkv_front/ncu_case.py 1024 2 "$over" > $OUT/ncu_$tag.log 2>&1
   echo "== ncu $tag"; grep -E "case |Duration|L2 Cache Throughput|Compute \(SM\)|SM Frequency|lts__t_bytes|lts__t_sectors_srcunit|xbar2l1tex|sm__cycles_active|inst_executed|Max Bandwidth|long_scoreboard|L2 Hit" $OUT/ncu_$tag.log | head -16
 done
-for tool in memcheck synccheck; do
-  SANITIZE_FROM=12 timeout 90 compute-sanitizer --tool $tool python3 tools/qkv_front/sanitize_case.py 2>&1 \
-    | grep -Ev "$F" > $OUT/sanitize_$tool.log
-  echo "== $tool"; grep -E "ok, flag|ERROR SUMMARY|Error|done" $OUT/sanitize_$tool.log | tail -4
-done
+sanitize_part 12 90 memcheck synccheck
