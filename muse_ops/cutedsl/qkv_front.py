@@ -63,8 +63,9 @@ from . import runtime
 from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mul_rn, pack_e4m3x4, pack_x2, select, set_error_bit,
                   st_dsmem_f32x2)
 from .qkv_front_plan import (CONSUMER_REGISTERS, K_TILE, K_TILES, MAX_K_SPLIT, PRODUCER_REGISTERS,  # noqa: F401
-                             STAMP_PHASES, STAMP_PRODUCER_PHASES, STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split,
-                             landing_offset, landing_slab, landing_slab_floats, launch_config, owned_token)
+                             STAMP_PHASES, STAMP_PRODUCER_PHASES, STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS,
+                             QkvFrontConfig, ci_variants, deployment_variants, k_split, landing_offset, landing_slab,
+                             landing_slab_floats, launch_config, owned_token)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
@@ -885,8 +886,9 @@ class QkvFrontSm90:
         k_tiles = split_k.k_tiles(self.tiles_per_stage)
         tokens = TokenTile(tile, mY.shape[0], self.token_tile)
         if const_expr(self.cfg.register_reallocation):
-            # each role runs to the end in its own branch, so ptxas holds each warpgroup to its
-            # setmaxnreg (executed once by every warp of the warpgroup)
+            # each role runs to the kernel's end in its own branch (with the roles rejoining after
+            # the main loop, ptxas spilled the consumers' accumulators); every warp of a
+            # warpgroup executes its warpgroup's one setmaxnreg
             if warp >= self.producer_warp:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
                 if warp == self.producer_warp:
