@@ -337,6 +337,18 @@ class ClusterPlace:
         """The other CTA of the pair of token tiles (weight multicast)."""
         return self.cluster_rank(self.rank, self.pair, 1 - self.tile_pair)
 
+    @cute.jit
+    def x_mask(self) -> Int32:
+        """The multicast mask of the pair of head groups (x multicast): both CTAs' cluster ranks."""
+        return ((1 << self.cluster_rank(self.rank, 0, self.tile_pair))
+                | (1 << self.cluster_rank(self.rank, 1, self.tile_pair)))
+
+    @cute.jit
+    def w_mask(self) -> Int32:
+        """The multicast mask of the pair of token tiles (weight multicast)."""
+        return ((1 << self.cluster_rank(self.rank, self.pair, 0))
+                | (1 << self.cluster_rank(self.rank, self.pair, 1)))
+
 
 @dataclass(frozen=True)
 class Producer:
@@ -401,9 +413,7 @@ class Producer:
             gXm = cute.flat_divide(tma.mc_tensors[0], (size, K_TILE))
             tXs_m, tXg_m = cpasync.tma_partition(tma.mc_atoms[0], place.pair, cute.make_layout(cfg.group_cluster),
                                                  cute.group_modes(ring.sX, 0, 2), cute.group_modes(gXm, 0, 2))
-            mask = ((1 << place.cluster_rank(place.rank, 0, place.tile_pair))
-                    | (1 << place.cluster_rank(place.rank, 1, place.tile_pair)))
-            x_multicast.append(HalfMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(mask)))
+            x_multicast.append(HalfMulticast(tma.mc_atoms[0], tXs_m, tXg_m, cutlass.Int16(place.x_mask())))
         w_multicast = []
         if const_expr(cfg.w_multicast):
             # this CTA's half of every weight box (32 of a head's rows), multicast over the pair of
@@ -413,9 +423,7 @@ class Producer:
             tWs_m, tWg_m = cpasync.tma_partition(tma.mc_atoms[w_atom], place.tile_pair,
                                                  cute.make_layout(cfg.tile_cluster),
                                                  cute.group_modes(ring.sW, 0, 2), cute.group_modes(gWm, 0, 2))
-            mask = ((1 << place.cluster_rank(place.rank, place.pair, 0))
-                    | (1 << place.cluster_rank(place.rank, place.pair, 1)))
-            w_multicast.append(HalfMulticast(tma.mc_atoms[w_atom], tWs_m, tWg_m, cutlass.Int16(mask)))
+            w_multicast.append(HalfMulticast(tma.mc_atoms[w_atom], tWs_m, tWg_m, cutlass.Int16(place.w_mask())))
         has_weights = place.group_real   # a helper past the last head group loads no weight
         whole = Int32(x_rows == size)
         step_bytes = (heads * HEAD_DIM * has_weights + x_rows) * K_TILE * 2

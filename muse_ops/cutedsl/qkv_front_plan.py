@@ -117,8 +117,8 @@ WHOLE_K_MAX_TILE = {1: 192, 2: 160, 3: 112}
 # CONSUMER_REGISTERS: 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536), so their two accumulators
 # may hold up to REALLOCATED_MAX_TILE tokens (a register a token a thread: ptxas spills nothing
 # at 224 and spills at 240): larger wgmmas (N = tokens), and at Hkv 2 one wave of 7 token tiles x
-# 18 head groups up to 1568 tokens. Each role runs to the kernel's end in its own branch (ptxas
-# then holds each region to its warpgroup's count). Untimed.
+# 18 head groups up to 1568 tokens. Each role runs to the kernel's end in its own branch (with
+# the roles rejoining after the main loop ptxas spilled from 192 tokens). Untimed.
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 REALLOCATED_MAX_TILE = 224
