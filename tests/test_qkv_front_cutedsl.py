@@ -248,15 +248,17 @@ def test_weight_multicast_keeps_the_bits(kv_heads, x_multicast, cos_sin):
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])   # K splits 3, 3, 1
 def test_register_reallocation_keeps_the_bits(kv_heads, cos_sin):
     """A producer warpgroup that gives its registers to the consumers
-    (QkvFrontConfig.register_reallocation, two-head whole-K tiles up to REALLOCATED_MAX_TILE
-    tokens) changes neither the sum nor the epilogue: the same y and cache bits as the default
-    variant at whole and partial tiles, also with weight multicast; rows outside the launch's slots
+    (QkvFrontConfig.register_reallocation: two-head whole-K tiles from REALLOCATE_FROM_TILE tokens
+    take it, up to REALLOCATED_MAX_TILE) changes neither the sum nor the epilogue: 160 x 2 with
+    and without it, and the reallocated tiles also with weight multicast, give the same y and cache
+    bits as the default variant at whole and partial tiles; rows outside the launch's slots
     untouched."""
-    from muse_ops.cutedsl.qkv_front_plan import REALLOCATED_MAX_TILE
+    from muse_ops.cutedsl.qkv_front_plan import REALLOCATE_FROM_TILE, REALLOCATED_MAX_TILE
     Q = _kernel()
     inputs, y_all, rows_all = _default_launch(Q, 700, kv_heads, 5010 + kv_heads, cos_sin)
-    for tile, w_multicast in ((192, False), (REALLOCATED_MAX_TILE, False), (192, True)):
-        over = {"whole_k": True, "tile": (tile, 2), "register_reallocation": True, "w_multicast": w_multicast}
+    for tile, reallocate, w_multicast in ((REALLOCATE_FROM_TILE, False, False), (REALLOCATE_FROM_TILE, True, False),
+                                          (192, True, True), (REALLOCATED_MAX_TILE, True, True)):
+        over = {"whole_k": True, "tile": (tile, 2), "register_reallocation": reallocate, "w_multicast": w_multicast}
         for m in (3 * tile, 3 * tile - 40, tile - 7, 700):
             _assert_part_matches(Q, inputs, slice(0, m), over, y_all, rows_all, kv_heads)
 

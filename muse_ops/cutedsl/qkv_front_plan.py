@@ -110,18 +110,21 @@ MULTICAST_GROUP = 2
 # accumulators are 2 x 64 x tile fp32 a consumer warpgroup, tile registers a thread: at most
 # WHOLE_K_MAX_TILE[heads per CTA] tokens (ptxas's register budget at 128 threads a head + 32).
 WHOLE_K_MAX_TILE = {1: 192, 2: 160, 3: 112}
-# Register reallocation (QkvFrontConfig.register_reallocation, a development knob of two-head
-# whole-K tiles): the producer is a whole warpgroup that keeps PRODUCER_REGISTERS a thread
-# (setmaxnreg.dec; its lane 0 of warp 0 issues the loads, the other warps only join the CTA's
-# barriers) and gives the rest to the two consumer warpgroups (setmaxnreg.inc to
-# CONSUMER_REGISTERS: 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536), so their two accumulators
-# may hold up to REALLOCATED_MAX_TILE tokens (a register a token a thread: ptxas spills nothing
-# at 224 and spills at 240): larger wgmmas (N = tokens), and at Hkv 2 one wave of 7 token tiles x
-# 18 head groups up to 1568 tokens. Each role runs to the kernel's end in its own branch (with
-# the roles rejoining after the main loop ptxas spilled from 192 tokens). Untimed.
+# Register reallocation (QkvFrontConfig.register_reallocation): the producer is a whole warpgroup
+# that keeps PRODUCER_REGISTERS a thread (setmaxnreg.dec; its lane 0 of warp 0 issues the loads,
+# the other warps only join the CTA's barriers) and gives the rest to the two consumer warpgroups
+# (setmaxnreg.inc to CONSUMER_REGISTERS: 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536), so
+# their two accumulators may hold up to REALLOCATED_MAX_TILE tokens (a register a token a thread:
+# ptxas spills nothing at 224 and spills at 240): larger wgmmas (N = tokens), and at Hkv 2 one wave
+# of 7 token tiles x 18 head groups up to 1568 tokens. Each role runs to the kernel's end in its
+# own branch (with the roles rejoining after the main loop ptxas spilled from 192 tokens). Two-head
+# whole-K tiles of REALLOCATE_FROM_TILE tokens or more take it (the rule is create's): 160 x 2 was
+# 1-3% faster with it at each of the four rows measured, and larger tiles need it. Only the
+# registers change, never the bits. Measured: RESULTS.md, forty-fourth session.
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 REALLOCATED_MAX_TILE = 224
+REALLOCATE_FROM_TILE = 160
 
 # (largest M, token tile, heads per CTA, K tiles per stage) of the variant a launch takes. Up to
 # 192 tokens a CTA computes one head for all of them, so the weight streams once. Above that a CTA
@@ -138,8 +141,10 @@ TILE_SHAPES = tuple(sorted({(t, h) for _, t, h, _ in TILES}))
 # besides TILES' two-head cluster tiles (wave_tile weighs them all). None has fewer than 96 tokens:
 # smaller ones run slower per token (each k16 wgmma reads its 64 weight rows and its token rows
 # from shared memory, so its bytes a FLOP grow as 1 / tokens + 1 / 64), and at Hkv 2 80 x 2 and
-# 96 x 2 lost at every measured M. Measured: RESULTS.md (thirty-sixth and thirty-seventh sessions).
-WHOLE_K_TILES = ((128, 2), (160, 2), (96, 3), (112, 3))
+# 96 x 2 lost at every measured M. 192 x 2 and 224 x 2 reallocate the registers (above); at Hkv 2
+# they run 7 token tiles in one wave up to 1344 and 1568 tokens, where the other tiles take two.
+# Measured: RESULTS.md (thirty-sixth, thirty-seventh and forty-fourth sessions).
+WHOLE_K_TILES = ((128, 2), (160, 2), (192, 2), (224, 2), (96, 3), (112, 3))
 # The whole-K tiles a launch may also take with weight multicast over pairs of token tiles
 # (w_multicast), beside the same tile without: 128 x 2 (the same bits; 1-5% faster at five of the
 # six rows measured where the plan takes it). grid_cost counts its pairs (an odd tile count adds a
@@ -287,7 +292,7 @@ class QkvFrontConfig:
     x_multicast: bool = False   # development: x multicast over a pair of head groups (MULTICAST_GROUP; see above)
     whole_k: bool = False   # a CTA sums every K tile as the split's stripes (Whole-K CTAs, above): no cluster
     w_multicast: bool = False   # whole-K: the weight multicast over a pair of token tiles (MULTICAST_GROUP; see above)
-    register_reallocation: bool = False   # development, whole-K two-head: a producer warpgroup (see above)
+    register_reallocation: bool = False   # whole-K two-head: a producer warpgroup (REALLOCATE_FROM_TILE; see above)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp (a warpgroup with reallocation)
@@ -333,8 +338,11 @@ class QkvFrontConfig:
     def create(token_tile: int, heads_per_cta: int, rope: bool, pos_dtype: str = "int64",
                slot_dtype: str = "int64", stages: int | None = None, **over) -> "QkvFrontConfig":
         if over.get("whole_k"):
+            # two-head tiles from REALLOCATE_FROM_TILE tokens reallocate the registers (unless told not to)
+            over.setdefault("register_reallocation", heads_per_cta == 2 and token_tile >= REALLOCATE_FROM_TILE)
             # any token tile of whole 16-row x boxes up to WHOLE_K_MAX_TILE[heads] (two
-            # accumulators a thread), one K tile a stage (a stripe starts at any K tile)
+            # accumulators a thread; REALLOCATED_MAX_TILE with reallocation), one K tile a stage
+            # (a stripe starts at any K tile)
             most = (REALLOCATED_MAX_TILE if over.get("register_reallocation") and heads_per_cta == 2
                     else WHOLE_K_MAX_TILE.get(heads_per_cta, 0))
             assert token_tile % X_BOX_MIN_ROWS == 0 and token_tile <= most, (token_tile, heads_per_cta)
@@ -497,13 +505,15 @@ def dev_variants() -> list[QkvFrontConfig]:
     them, and the ahead-of-time library holds none): x_multicast at a one-head and a two-head
     cluster tile and at a whole-K tile; w_multicast at a three-head whole-K tile, alone and with
     x_multicast (the two-head 128 x 2 with w_multicast is a launch tile: ci_variants);
-    register_reallocation at two-head whole-K tiles of 192 and REALLOCATED_MAX_TILE tokens."""
+    register_reallocation with w_multicast at REALLOCATED_MAX_TILE tokens, and 160 x 2 without
+    reallocation (the largest two-head whole-K tile that fits without it)."""
     return ([QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True, whole_k=whole_k)
              for tile, hpc, whole_k in ((128, 1, False), (256, 2, False), (128, 2, True))]
             + [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", w_multicast=True, whole_k=True, x_multicast=x)
                for tile, hpc, x in ((112, 3, False), (112, 3, True))]
-            + [QkvFrontConfig.create(tile, 2, True, "int64", "int64", whole_k=True, register_reallocation=True)
-               for tile in (192, REALLOCATED_MAX_TILE)])
+            + [QkvFrontConfig.create(REALLOCATED_MAX_TILE, 2, True, "int64", "int64", whole_k=True, w_multicast=True),
+               QkvFrontConfig.create(WHOLE_K_MAX_TILE[2], 2, True, "int64", "int64", whole_k=True,
+                                     register_reallocation=False)])
 
 
 def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:

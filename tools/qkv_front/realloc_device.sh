@@ -1,6 +1,6 @@
-# GPU machine (carry .device): the development knob QkvFrontConfig.register_reallocation (a producer
+# GPU machine (carry .device): register reallocation as it was before the plan took it (a producer
 # warpgroup that gives its registers to two consumer warpgroups, so two-head whole-K tiles reach
-# 224 tokens) checked and timed, most important first; logs under $OUT.
+# 224 tokens; the forty-fourth session's first call), checked and timed, most important first; logs under $OUT.
 #   1. its GPU test (the same bits as the default variant at Hkv 1, 2, 4, also with weight multicast);
 #   2. ab.py at Hkv 2 M=1024, 1536, 2048 and Hkv 1 M=1536: the plan, 160 x 2 (the largest whole-K
 #      two-head tile without it), 160, 192 and 224 x 2 with it (224 with weight multicast too), cuBLAS;
