@@ -130,7 +130,7 @@ struct Attn2Deployment {
   std::vector<Attn2Plan> plans;              // per SM count
 };
 
-constexpr int kMaxTiles = 16;        // token tiles a qkv_front key may name
+constexpr int kMaxTiles = 24;        // token tiles a qkv_front key may name (at least the plan's LAUNCH_TILES)
 constexpr int kMaxCacheDtypes = 4;   // cache dtypes a key may name (bf16, float8_e4m3fn, ...)
 constexpr int kMaxDevices = 64;
 constexpr size_t kScalarTypes = static_cast<size_t>(c10::ScalarType::NumOptions);

@@ -158,13 +158,14 @@ def test_serving_sizes_bit_identical_and_float64(kv_heads, cos_sin):
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 3, 8])
-def test_x_multicast_knob_keeps_the_bits(kv_heads, cos_sin):
-    """The development knob x_multicast (qkv_front_plan.dev_variants) changes only how x is loaded:
-    the same bits as the default variant at a whole and a partial last tile, with a helper CTA
-    past an odd count of two-head groups (Hkv 1 and 3), and at K splits 3, 2 and 2."""
+def test_x_multicast_keeps_the_bits(kv_heads, cos_sin):
+    """x multicast (a launch tile at 128 x 2 where the heads exceed a wave, a development knob
+    elsewhere) changes only how x is loaded: the same bits as the variant without it at a whole
+    and a partial last tile, with a helper CTA past an odd count of two-head groups (Hkv 1 and 3),
+    and at K splits 3, 2 and 2."""
     Q = _kernel()
     x, w, pos, slots, cache = make_inputs(600, kv_heads, seed=4950 + kv_heads)
-    for tile, hpc, m in ((256, 2, 512), (256, 2, 600), (128, 1, 200)):
+    for tile, hpc, m in ((256, 2, 512), (256, 2, 600), (128, 1, 200), (128, 2, 256), (128, 2, 200)):
         over = {"tile": (tile, hpc)}
         caches = [torch.full_like(cache, float("nan")) for _ in range(2)]
         y0, _ = run(Q, x[:m].contiguous(), w, pos[:m].contiguous(), slots[:m].contiguous(), cos_sin, caches[0],

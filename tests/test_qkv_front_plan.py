@@ -25,8 +25,8 @@ FASTEST = {
 @pytest.mark.parametrize("kv_heads,m", sorted(FASTEST))
 def test_the_grid_cost_picks_the_measured_fastest_cluster_tile(kv_heads, m):
     """Among the two-head cluster tiles (the sweeps above measured no whole-K tile)."""
-    tile, heads_per_cta, _, whole_k, _ = Q.wave_tile(m, kv_heads, Q.CLUSTER_WAVE_TILES)
-    assert heads_per_cta == 2 and not whole_k and tile in FASTEST[kv_heads, m], (kv_heads, m, tile)
+    tile = Q.wave_tile(m, kv_heads, Q.CLUSTER_WAVE_TILES)
+    assert tile.heads == 2 and not tile.whole_k and tile.tokens in FASTEST[kv_heads, m], (kv_heads, m, tile)
 
 
 # (Hkv, M): us of the tiles forced by tools/qkv_front/ab.py on the H100 in one call (thirty-sixth
@@ -112,9 +112,21 @@ REALLOCATION_SWEEP = {
 }
 
 
-@pytest.mark.parametrize("kv_heads,m", sorted(REALLOCATION_SWEEP))
-def test_the_grid_cost_picks_a_measured_fastest_tile_with_the_reallocated_tiles(kv_heads, m):
-    row = REALLOCATION_SWEEP[kv_heads, m]
+# (Hkv, M): us of the 128 x 2 cluster tile with and without x multicast (the forty-fourth session's
+# tools/qkv_front/x_traffic_device.sh, bench/RESULTS.md), and where it is slower: the one-head table
+# tile at M=128 and the whole-K tile at M=512 (the plan's pick within 2% of the fastest, as above)
+X_MULTICAST_SWEEP = {
+    (16, 256): {Q.X_MULTICAST_TILE: 168.11, _C(128, 2): 180.41, _C(256, 2): 179.66, _MC: 169.34},
+    (8, 256): {Q.X_MULTICAST_TILE: 94.70, _C(128, 2): 97.99, _C(256, 2): 115.41, _MC: 107.93},
+    (16, 128): {_C(128, 1): 130.87, Q.Tile(128, 1, x_multicast=True): 133.93, _C(256, 2): 159.60},
+    (8, 512): {_WK(112, 3): 148.10, Q.Tile(112, 3, 1, True, x_multicast=True): 152.53, _C(256, 2): 171.94},
+}
+FORTY_FOURTH_SWEEPS = {**REALLOCATION_SWEEP, **X_MULTICAST_SWEEP}
+
+
+@pytest.mark.parametrize("kv_heads,m", sorted(FORTY_FOURTH_SWEEPS))
+def test_the_plan_picks_a_measured_fastest_tile_in_the_forty_fourth_sweeps(kv_heads, m):
+    row = FORTY_FOURTH_SWEEPS[kv_heads, m]
     tile = Q.tile_for(m, kv_heads)
     assert tile in row, (kv_heads, m, tile)
     assert row[tile] <= 1.02 * min(row.values()), (kv_heads, m, tile, row)
@@ -146,10 +158,19 @@ def test_tile_runs_are_tile_for_at_every_m():
 
 
 def test_tiles_up_to_256_tokens_come_from_the_table():
-    for kv_heads in (1, 2, 4, 8, 16):
+    """The table's tile, the two-head one with x multicast where the heads exceed a wave (Hkv >= 8)."""
+    for kv_heads in (1, 2, 4, 7, 8, 9, 16):
         for m in range(1, Q.WAVE_TILES_ABOVE + 1):
             limit, tile, hpc, kps = next(row for row in Q.TILES if m <= row[0])
-            assert Q.tile_for(m, kv_heads) == Q.Tile(tile, hpc, kps), (kv_heads, m)
+            x_multicast = hpc == 2 and kv_heads >= 8
+            assert Q.tile_for(m, kv_heads) == Q.Tile(tile, hpc, kps, x_multicast=x_multicast), (kv_heads, m)
+            assert Q.tile_config(Q.tile_for(m, kv_heads), True).x_multicast == x_multicast
+
+
+def test_x_multicast_is_no_wave_candidate():
+    """x multicast is the table's choice at 193-256 tokens only; wave_tile never weighs it."""
+    assert Q.X_MULTICAST_TILE in Q.LAUNCH_TILES and Q.X_MULTICAST_TILE not in Q.WAVE_TILES
+    assert all(not Q.tile_for(m, h).x_multicast for h in (8, 16) for m in range(Q.WAVE_TILES_ABOVE + 1, 2049))
 
 
 def test_only_hkv_1_and_2_weights_fit_the_l2():

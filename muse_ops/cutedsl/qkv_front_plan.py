@@ -86,14 +86,18 @@ TRIGGER_AT_LAST_LOAD_TILE = 64
 # these kernels run, was no slower at any Hkv measured (RESULTS.md).
 RELEASE_AT_ONCE_TILE = 16
 
-# x multicast over a pair of head groups (QkvFrontConfig.x_multicast; off by default, a development
-# knob): the cluster is the K split times two head groups; each CTA of a pair loads half of a K
-# tile's x box and multicasts it into both, so a CTA reads half as much x from the L2. Where the
-# head groups are odd (two-head tiles at an odd Hkv) the last pair has a helper CTA past the last
-# group: it loads its half of x and no weight, and stores nothing. Only the loads change, never the
-# bits. Off because it was slower or no faster where it mattered (RESULTS.md, 2026-12-06): a
-# cluster of 6 CTAs (Hkv 1 and 2, K split 3) holds only 102 CTAs on the GPU at once, and from 512
-# tokens the large tiles are not bound by the L2's x traffic at any Hkv.
+# x multicast over a pair of head groups (QkvFrontConfig.x_multicast): the cluster is the K split
+# times two head groups; each CTA of a pair loads half of a K tile's x box and multicasts it into
+# both, so a CTA reads half as much x from the L2. Where the head groups are odd (two-head tiles at
+# an odd Hkv) the last pair has a helper CTA past the last group: it loads its half of x and no
+# weight, and stores nothing. Only the loads change, never the bits. The plan takes it in one
+# place: a launch of up to WAVE_TILES_ABOVE tokens whose table tile has two heads (128 x 2, 193 to
+# 256 tokens) where the heads alone exceed a wave (Hkv >= 8, K split 2: clusters of 4), so 72 or
+# more head groups each re-read x: 7% faster at Hkv 16 M=256 and 3% at Hkv 8 (RESULTS.md,
+# forty-fourth session). Elsewhere a development knob, slower or no faster (RESULTS.md,
+# 2026-12-06 and the forty-fourth session): a cluster of 6 CTAs (Hkv 1 and 2, K split 3) holds
+# only 102 CTAs on the GPU at once, and from 512 tokens the large tiles are not bound by the L2's
+# x traffic at any Hkv.
 MULTICAST_GROUP = 2
 # Weight multicast over a pair of token tiles (QkvFrontConfig.w_multicast, whole-K tiles only): the
 # cluster is two token tiles of one head group; each CTA loads the half of every weight box (32 of
@@ -164,17 +168,22 @@ class Tile(NamedTuple):
     """What the plan picks for a launch, and what the C++ ops index (LAUNCH_TILES): the token tile
     (the N of the wgmma), the heads per CTA, the K tiles a ring stage, and whether a CTA sums the
     whole K range as the split's stripes (whole_k) or its rank's share in a split cluster, and
-    whether a whole-K CTA's weight is multicast over a pair of token tiles (w_multicast)."""
+    whether a whole-K CTA's weight is multicast over a pair of token tiles (w_multicast), and
+    whether a cluster tile's x is multicast over a pair of head groups (x_multicast)."""
     tokens: int
     heads: int
     k_tiles_per_stage: int = 1
     whole_k: bool = False
     w_multicast: bool = False
+    x_multicast: bool = False
 
 
+# the two-head table tile with x multicast (tile_for, where the heads exceed a wave)
+X_MULTICAST_TILE = next(Tile(t, h, k, x_multicast=True) for _, t, h, k in TILES if h == 2)
 LAUNCH_TILES = (tuple(Tile(t, h, k) for _, t, h, k in TILES)
                 + tuple(Tile(t, h, 1, True) for t, h in WHOLE_K_TILES)
-                + tuple(Tile(t, h, 1, True, True) for t, h in WHOLE_K_MULTICAST_TILES))
+                + tuple(Tile(t, h, 1, True, True) for t, h in WHOLE_K_MULTICAST_TILES)
+                + (X_MULTICAST_TILE,))
 
 
 def x_part_boxes(token_tile: int) -> tuple[int, ...]:
@@ -373,12 +382,15 @@ class QkvFrontConfig:
 
 @functools.lru_cache(maxsize=4096)   # every eager launch asks (wave_tile weighs 7 tiles: ~11 us)
 def tile_for(m: int, kv_heads: int) -> Tile:
-    """The tile of a launch of m tokens at kv_heads: by M from TILES up to WAVE_TILES_ABOVE tokens,
-    above by the grid's cost (wave_tile). Every tile gives a token the same bits."""
+    """The tile of a launch of m tokens at kv_heads: by M from TILES up to WAVE_TILES_ABOVE tokens
+    (the two-head one with x multicast where the heads exceed a wave: X_MULTICAST_TILE), above by
+    the grid's cost (wave_tile). Every tile gives a token the same bits."""
     if m > WAVE_TILES_ABOVE:
         return wave_tile(m, kv_heads)
     for limit, tile, hpc, kps in TILES:
         if m <= limit:
+            if hpc == 2 and heads(kv_heads) > SM_TARGET:
+                return X_MULTICAST_TILE
             return Tile(tile, hpc, kps)
     raise AssertionError(m)
 
@@ -435,7 +447,7 @@ def grid_cost(m: int, kv_heads: int, tile: Tile) -> int:
     return cost
 
 
-CLUSTER_WAVE_TILES = tuple(t for t in LAUNCH_TILES if not t.whole_k and t.heads == 2)
+CLUSTER_WAVE_TILES = tuple(t for t in LAUNCH_TILES if not t.whole_k and t.heads == 2 and not t.x_multicast)
 WAVE_TILES = CLUSTER_WAVE_TILES + tuple(t for t in LAUNCH_TILES if t.whole_k)
 
 
@@ -462,13 +474,15 @@ def launch_config(m: int, kv_heads: int, rope: bool, positions_dtype, slots_dtyp
         return tile_config(tile_for(m, kv_heads), bool(rope), _dtype_name(positions_dtype),
                            _dtype_name(slots_dtype), bool(fp8))
     over = dict(override)
-    tile, hpc, kps, whole_k, w_multicast = tile_for(m, kv_heads)
+    tile, hpc, kps, whole_k, w_multicast, x_multicast = tile_for(m, kv_heads)
     if "tile" in over:   # a cluster tile of TILES, unless the override also asks for whole_k (and w_multicast)
         tile, hpc = over.pop("tile")
-        kps, whole_k, w_multicast = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1), False, False
+        kps = next((k for _, t, h, k in TILES if (t, h) == (tile, hpc)), 1)
+        whole_k = w_multicast = x_multicast = False
     over.setdefault("k_tiles_per_stage", kps)
     over.setdefault("whole_k", whole_k)
     over.setdefault("w_multicast", w_multicast)
+    over.setdefault("x_multicast", x_multicast)
     over.setdefault("fp8", bool(fp8))
     return QkvFrontConfig.create(tile, hpc, rope, _dtype_name(positions_dtype), _dtype_name(slots_dtype), **over)
 
@@ -479,7 +493,7 @@ def tile_config(tile: Tile, rope: bool, pos_dtype: str = "int64", slot_dtype: st
     """The plan's variant of a tile (every other knob at its rule)."""
     return QkvFrontConfig.create(tile.tokens, tile.heads, rope, pos_dtype, slot_dtype,
                                  k_tiles_per_stage=tile.k_tiles_per_stage, fp8=fp8, whole_k=tile.whole_k,
-                                 w_multicast=tile.w_multicast)
+                                 w_multicast=tile.w_multicast, x_multicast=tile.x_multicast)
 
 
 def deployment_variants(kv_heads: int, rope: bool, fp8: bool = False) -> list[QkvFrontConfig]:

@@ -6,7 +6,7 @@ development knob x_multicast (clusters of 6 CTAs at Hkv 2, of 6 with a helper CT
 Hkv 4), whole-K tiles (three heads at Hkv 2 and 4, two-head at Hkv 1 and 8), and whole-K weight
 multicast (128 x 2 at Hkv 2, three token tiles and a helper CTA; 112 x 3 with x multicast too at
 Hkv 1, clusters of 2 x 2), and register reallocation (224 x 2 at Hkv 2, a whole and a partial tile; 192 x 2 at Hkv 3, K split
-2). GPU machine: compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
+2), and the plan's x multicast tile (128 x 2 at Hkv 8 M=250, clusters of 2 ranks x 2 head groups). GPU machine: compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
 (PART=sanitize tools/device_run.sh runs every tool on both ops' cases). SANITIZE_FROM=k starts at
 the k-th case (racecheck is slow: the rest of a run that timed out)."""
 import os
@@ -31,7 +31,8 @@ BF16_CASES = ((3, 2, None), (40, 2, None), (100, 1, None), (300, 2, None), (40, 
               (100, 8, {"whole_k": True, "tile": (64, 2)}), (300, 4, {"whole_k": True, "tile": (112, 3)}),
               (300, 2, {"whole_k": True, "tile": (128, 2), "w_multicast": True}),
               (300, 1, {"whole_k": True, "tile": (112, 3), "w_multicast": True, "x_multicast": True}),
-              (500, 2, {"whole_k": True, "tile": (224, 2)}), (400, 3, {"whole_k": True, "tile": (192, 2)}))
+              (500, 2, {"whole_k": True, "tile": (224, 2)}), (400, 3, {"whole_k": True, "tile": (192, 2)}),
+              (250, 8, None))
 for i, (m, kv_heads, over) in enumerate(BF16_CASES):
     if i < first:
         continue
