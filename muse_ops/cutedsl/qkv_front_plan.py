@@ -93,7 +93,7 @@ RELEASE_AT_ONCE_TILE = 16
 # weight, and stores nothing. Only the loads change, never the bits. The plan takes it in one
 # place: a launch of up to WAVE_TILES_ABOVE tokens whose table tile has two heads (128 x 2, 193 to
 # 256 tokens) where the heads alone exceed a wave (Hkv >= 8, K split 2: clusters of 4), so 72 or
-# more head groups each re-read x: 7% faster at Hkv 16 M=256 and 3% at Hkv 8 (RESULTS.md,
+# more head groups each re-read x: 7-8% faster at Hkv 16 M=200 and 256, 2-6% at Hkv 8 (RESULTS.md,
 # forty-fourth session). Elsewhere a development knob, slower or no faster (RESULTS.md,
 # 2026-12-06 and the forty-fourth session): a cluster of 6 CTAs (Hkv 1 and 2, K split 3) holds
 # only 102 CTAs on the GPU at once, and from 512 tokens the large tiles are not bound by the L2's
@@ -123,7 +123,7 @@ WHOLE_K_MAX_TILE = {1: 192, 2: 160, 3: 112}
 # of 7 token tiles x 18 head groups up to 1568 tokens. Each role runs to the kernel's end in its
 # own branch (with the roles rejoining after the main loop ptxas spilled from 192 tokens). Two-head
 # whole-K tiles of REALLOCATE_FROM_TILE tokens or more take it (the rule is create's): 160 x 2 was
-# 1-3% faster with it at each of the four rows measured, and larger tiles need it. Only the
+# 1-3% faster with it at each of the five rows measured, and larger tiles need it. Only the
 # registers change, never the bits. Measured: RESULTS.md, forty-fourth session.
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
@@ -298,7 +298,7 @@ class QkvFrontConfig:
     owner_block: int = OWNER_BLOCK   # tokens per block of the split-K sum's ownership (2 or 8; see above)
     stamps: int = 0       # development only: global address of the phase stamps (STAMP_PHASES); 0: none
     fp8: bool = False     # a float8_e4m3fn cache: the insert quantizes k' / k_scale and v / v_scale
-    x_multicast: bool = False   # development: x multicast over a pair of head groups (MULTICAST_GROUP; see above)
+    x_multicast: bool = False   # x multicast over a pair of head groups (X_MULTICAST_TILE; elsewhere development)
     whole_k: bool = False   # a CTA sums every K tile as the split's stripes (Whole-K CTAs, above): no cluster
     w_multicast: bool = False   # whole-K: the weight multicast over a pair of token tiles (MULTICAST_GROUP; see above)
     register_reallocation: bool = False   # whole-K two-head: a producer warpgroup (REALLOCATE_FROM_TILE; see above)
