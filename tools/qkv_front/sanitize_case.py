@@ -1,12 +1,14 @@
 """A small qkv_front case of each variant family for compute-sanitizer (memcheck, racecheck,
 synccheck): M = 3 (8-token tile), 40 (64), 100 (128, one head a CTA), 300 (192, two heads), each
 checked against float64; RoPE on, padding slots, Hkv 2 and 1 (3-CTA split-K clusters), and M = 40
-at Hkv 8 (2-CTA clusters, 288 CTAs); then an FP8 cache (M = 40 and 300, per-head scales), and the
-development knob x_multicast (clusters of 6 CTAs at Hkv 2, of 6 with a helper CTA at Hkv 1, of 2 at
-Hkv 4), whole-K tiles (three heads at Hkv 2 and 4, two-head at Hkv 1 and 8), and whole-K weight
-multicast (128 x 2 at Hkv 2, three token tiles and a helper CTA; 112 x 3 with x multicast too at
-Hkv 1, clusters of 2 x 2), and register reallocation (224 x 2 at Hkv 2, a whole and a partial tile; 192 x 2 at Hkv 3, K split
-2), and the plan's x multicast tile (128 x 2 at Hkv 8 M=250, clusters of 2 ranks x 2 head groups). GPU machine: compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
+at Hkv 8 (2-CTA clusters, 288 CTAs); then the development knob x_multicast (clusters of 6 CTAs at
+Hkv 2, of 6 with a helper CTA at Hkv 1, of 2 at Hkv 4), whole-K tiles (three heads at Hkv 2 and
+4, two-head at Hkv 1 and 8), whole-K weight multicast (128 x 2 at Hkv 2, three token tiles and a
+helper CTA; 112 x 3 with x multicast too at Hkv 1, clusters of 2 x 2), register reallocation
+(224 x 2 at Hkv 2, a whole and a partial tile; 192 x 2 at Hkv 3, K split 2), the plan's x
+multicast tile (128 x 2 at Hkv 8 M=250, clusters of 2 ranks x 2 head groups); last an FP8 cache
+(M = 40 and 300, per-head scales). GPU machine:
+    compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
 (PART=sanitize tools/device_run.sh runs every tool on both ops' cases). SANITIZE_FROM=k starts at
 the k-th case (racecheck is slow: the rest of a run that timed out)."""
 import os
