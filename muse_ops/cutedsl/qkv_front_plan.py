@@ -227,10 +227,15 @@ def k_split(kv_heads: int) -> int:
     never on M: it fixes the order of the K sums, so a token gets the same bits in any batch.
     At most MAX_K_SPLIT: at Hkv 1 the 18 clusters of a split of 6 or 7 do not all fit the GPCs at
     once. The splits measured at each Hkv: bench/RESULTS.md."""
-    heads_ = heads(kv_heads)
-    if heads_ > SM_TARGET:
+    if heads_exceed_a_wave(kv_heads):
         return 2
-    return next(s for s in (MAX_K_SPLIT, 2, 1) if heads_ * s <= SM_TARGET or s == 1)
+    return next(s for s in (MAX_K_SPLIT, 2, 1) if heads(kv_heads) * s <= SM_TARGET or s == 1)
+
+
+def heads_exceed_a_wave(kv_heads: int) -> bool:
+    """Whether one CTA a head takes more than a wave of SM_TARGET SMs (Hkv >= 8): k_split is then 2,
+    and tile_for multicasts x over pairs of head groups in the two-head table tile."""
+    return heads(kv_heads) > SM_TARGET
 
 
 def stage_bytes(token_tile: int, heads_per_cta: int, k_tiles_per_stage: int) -> int:
@@ -306,6 +311,12 @@ class QkvFrontConfig:
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp (a warpgroup with reallocation)
         return 128 * self.heads_per_cta + (128 if self.register_reallocation else 32)
+
+    @property
+    def tile(self) -> Tile:
+        """The plan's Tile of this variant (the C++ ops' key names it: shims.qkv_front_key)."""
+        return Tile(self.token_tile, self.heads_per_cta, self.k_tiles_per_stage, self.whole_k, self.w_multicast,
+                    self.x_multicast)
 
     @property
     def group_cluster(self) -> int:
@@ -389,9 +400,7 @@ def tile_for(m: int, kv_heads: int) -> Tile:
         return wave_tile(m, kv_heads)
     for limit, tile, hpc, kps in TILES:
         if m <= limit:
-            if hpc == 2 and heads(kv_heads) > SM_TARGET:
-                return X_MULTICAST_TILE
-            return Tile(tile, hpc, kps)
+            return Tile(tile, hpc, kps, x_multicast=hpc == 2 and heads_exceed_a_wave(kv_heads))
     raise AssertionError(m)
 
 

@@ -234,8 +234,7 @@ def attn2_rows(q_len: int, window: int, max_seq_len: int, devices, cache_dtype=t
 def qkv_front_key(cfg) -> str | None:
     """The C++ key of a qkv_front variant of the plan (None for another config: a dev override)."""
     from . import qkv_front_plan as plan
-    tile = plan.Tile(cfg.token_tile, cfg.heads_per_cta, cfg.k_tiles_per_stage, getattr(cfg, "whole_k", False),
-                     getattr(cfg, "w_multicast", False), getattr(cfg, "x_multicast", False))
+    tile = cfg.tile
     if tile not in plan.LAUNCH_TILES or cfg != plan.tile_config(tile, cfg.rope, cfg.pos_dtype, cfg.slot_dtype,
                                                                 getattr(cfg, "fp8", False)):
         return None
