@@ -63,8 +63,7 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_PAGE, BAD_SEQ_LEN
 from . import runtime
-from .attn2_plan import (CONSUMER_REGISTERS, CONVERTER_REGISTERS, CONVERTER_WARP,  # noqa: F401
-                         LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_PAIRS, SUB_CHUNKS, THREADS,
+from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_PAIRS, SUB_CHUNKS, THREADS,  # noqa: F401
                          WIDE_MAX_PAIRS,
                          WIDE_MAX_PAIRS_WINDOW, WINDOW_SUB_CHUNKS,
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
@@ -114,17 +113,7 @@ def _load_q(mY: cute.Tensor, qv: cute.Tensor, request: Int32, kv_head: Int32, ti
             cute.autovec_copy(src[0, None], qv[None, it])
 
 @cute.jit
-def _warpgroup_sync(converter: cutlass.Constexpr[bool]):
-    """The computing warpgroup's barrier: the CTA's (barrier 0), or with a converter warpgroup
-    (Attn2Config.converter), which runs its own loop meanwhile, named barrier 1 over the computing
-    warpgroup's THREADS threads."""
-    if const_expr(converter):
-        cute.arch.barrier(barrier_id=1, number_of_threads=THREADS)
-    else:
-        cute.arch.sync_threads()
-
-@cute.jit
-def _q_to_f16(qv: cute.Tensor, sQmax: cute.Tensor, warp: Int32, lane: Int32, converter: cutlass.Constexpr[bool]):
+def _q_to_f16(qv: cute.Tensor, sQmax: cute.Tensor, warp: Int32, lane: Int32):
     """Every thread, its bf16 share qv of the Q tile: (f16(qv 2^-q_exp), q_exp), q_exp = E - 15
     for the tile's largest |q| in [2^E, 2^(E + 1)), clamped to [-120, 112] (Attn2Sm90.load_query
     says why). The tile's max: each warp's by butterfly, then the warps' through sQmax and a CTA
@@ -138,7 +127,7 @@ def _q_to_f16(qv: cute.Tensor, sQmax: cute.Tensor, warp: Int32, lane: Int32, con
         mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << offset))
     if lane == 0:
         sQmax[warp] = mx
-    _warpgroup_sync(converter)
+    cute.arch.sync_threads()
     for w in cutlass.range_constexpr(THREADS // 32):
         mx = cute.arch.fmax(mx, sQmax[w])
     q_exp = cutlass.min(cutlass.max(exponent_of(mx) - 15, Int32(-120)), Int32(112))
@@ -399,14 +388,7 @@ class KVRing:
     f16), and the tail page's V rows >= L are
     written as zeros there instead of zero_tail_rows. A converted stage is free at once: the ring
     keeps `stages` steps in flight (cfg.steps_ahead), one more than bf16's, in about the bytes of
-    bf16's (cfg.smem_bytes).
-
-    With a converter warpgroup (cfg.converter, FP8 deep): that warpgroup alone loads and
-    converts (convert_steps), into two f16 step buffers in turn (sK / sV[.., k % 2]), and hands
-    each step to the computing warpgroup on mbarriers instead of CTA barriers: converted[b]
-    (an arrive per converter warp once step k's buffer b is written) and freed[b] (an arrive per
-    computing warp once its P V wgmma of the step read it). The computing warpgroup calls only
-    wait_converted and release. Same steps, same conversion, same bits."""
+    bf16's (cfg.smem_bytes)."""
     tma_atom: cute.CopyAtom
     tKVg: cute.Tensor    # TMA view of the cache per box: (box, 1, K|V, Hkv, page)
     tKs: cute.Tensor     # the K ring per page box: (box, pages_per_step * stages) (fp8: the staging ring's)
@@ -422,7 +404,6 @@ class KVRing:
     cfg: Attn2Config
     src8: Int32 | None   # fp8: shared address of this thread's first 8 bytes of staging stage 0
     dst16: Int32 | None  # fp8: shared address of its first 16-byte f16 piece in sK (128 B swizzle applied)
-    handoff: cute.Pointer | None   # converter: mbarriers converted[0..2), then freed[0..2)
 
     @staticmethod
     def make_tma(mCache: cute.Tensor, sPages_layout):
@@ -444,15 +425,12 @@ class KVRing:
     @staticmethod
     def create(cfg: Attn2Config, tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
                sPages_layout, full, sPT: cute.Tensor, num_pages: Int32,
-               cta: CtaPlace, s8: cute.Tensor | None = None, handoff: cute.Pointer | None = None) -> "KVRing":
+               cta: CtaPlace, s8: cute.Tensor | None = None) -> "KVRing":
         """The TMA partitions of the rings, seen as pages (16, 64, pages_per_step * stages), against
         the cache's boxes (layout only: no instruction). fp8: those of the staging ring s8, and this
         thread's two conversion addresses (convert)."""
         src8 = None
         dst16 = None
-        tidx = cta.tidx
-        if const_expr(cfg.converter):
-            tidx = cta.tidx - THREADS    # the converter warpgroup's threads convert (only they use it)
         if const_expr(cfg.fp8):
             sKp = cute.make_tensor(s8.iterator, sPages_layout)
             sVp = cute.make_tensor(s8.iterator + cfg.pages_per_step * PAGE_SIZE * HEAD_DIM, sPages_layout)
@@ -460,8 +438,8 @@ class KVRing:
             # tidx // 8 (+ 16 per i), its columns 8 (tidx % 8) ..: the f16 piece tidx % 8 of that
             # row, in the 128 B swizzle (16-byte piece ^= address bits 7..9, as CuTe addresses sK and
             # as TMA and wgmma read it; sK is 1 KB aligned)
-            src8 = s8.iterator.toint() + tidx * 8
-            a = sK.iterator.toint() + (tidx // 8) * (HEAD_DIM * 2) + (tidx % 8) * 16
+            src8 = s8.iterator.toint() + cta.tidx * 8
+            a = sK.iterator.toint() + (cta.tidx // 8) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16
             dst16 = a ^ ((a >> 3) & 0x70)
         else:
             sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
@@ -471,22 +449,19 @@ class KVRing:
                                           cute.group_modes(gKV, 0, 2))
         tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
                                        cute.group_modes(gKV, 0, 2))
-        return KVRing(tma_atom, tKVg, tKs, tVs, sK, sV, full, sPT, cta.kv_head, num_pages, tidx, cta.warp, cfg,
-                      src8, dst16, handoff)
+        return KVRing(tma_atom, tKVg, tKs, tVs, sK, sV, full, sPT, cta.kv_head, num_pages, cta.tidx, cta.warp, cfg,
+                      src8, dst16)
 
     @cute.jit
     def init_barriers(self):
         """Warp 0, before any global access: what needs no global data, the TMA descriptor (a
         kernel parameter) prefetch and the init of full[0 .. stages), so the first KV load does not
         wait for them. The other warps see them after the kernel's CTA barrier before prologue."""
-        if self.warp == self.cfg.load_warp:
+        if self.warp == 0:
             cpasync.prefetch_descriptor(self.tma_atom)
             with cute.arch.elect_one():
                 for stage in cutlass.range_constexpr(self.cfg.stages):
                     cute.arch.mbarrier_init(self.full + stage, 1)
-                if const_expr(self.cfg.converter):
-                    for b in cutlass.range_constexpr(4):   # converted[b] and freed[b]: an arrive per warp
-                        cute.arch.mbarrier_init(self.handoff + b, THREADS // 32)
                 cute.arch.mbarrier_init_fence()
 
     @cute.jit
@@ -519,8 +494,6 @@ class KVRing:
         else:
             for it in cutlass.range((n_pt + THREADS - 1) // THREADS, unroll=1):
                 i_pt = it * THREADS + cta.tidx
-                if const_expr(self.cfg.converter):
-                    i_pt = i_pt + Int32(cta.tidx >= THREADS) * n_pt     # the first warpgroup's share
                 if i_pt < n_pt:
                     lp = page_base + i_pt
                     phys = mPT[cta.request, cutlass.min(lp, width - 1)]
@@ -554,7 +527,7 @@ class KVRing:
         call before the PDL wait (before_wait) issues the steps < unwritten
         (ReductionTree.unwritten_steps: no row the predecessor may write) and the call after it
         the rest; without it unwritten is 0, and the call after the wait issues them all."""
-        if self.warp == self.cfg.load_warp:
+        if self.warp == 0:
             for k0 in cutlass.range_constexpr(self.cfg.steps_ahead):
                 if k0 < n_steps:
                     if Int32(k0 < unwritten) == Int32(before_wait):
@@ -565,7 +538,7 @@ class KVRing:
         """Warp 0, in step k after the step's CTA barrier: ring step k_next = k + steps_ahead, if the
         CTA has it (< n_steps), into its stage (bf16: the one step k - 1 read, which every warp is
         done with; fp8, after ready's barrier: the one step k was converted from)."""
-        if self.warp == self.cfg.load_warp:
+        if self.warp == 0:
             if k_next < n_steps:
                 self.load_step(k_next, k_next % self.cfg.stages)
 
@@ -592,7 +565,7 @@ class KVRing:
             self.zero_tail_rows(stage, k, tail_lo, tail_hi)
 
     @cute.jit
-    def convert(self, k: Int32, stage: Int32, tail_lo: Int32, buffer: Int32 | int = 0):
+    def convert(self, k: Int32, stage: Int32, tail_lo: Int32):
         """fp8, every thread, step k (its staging stage landed): its 2 pages_per_step chunks of 8
         e4m3 bytes -> f16 in sK / sV, exact, NaN bytes included (e4m3x4_to_f16x4: 4 cvt a chunk).
         Chunk tidx + THREADS i is bytes 8 (tidx + THREADS i) of the stage (a warp reads 256
@@ -621,53 +594,12 @@ class KVRing:
                 w0, w1 = w0 & keep, w1 & keep
             words[2 * i] = w0
             words[2 * i + 1] = w1
-        # f16 step buffer `buffer` of sK (sV follows sK: mma_stages buffers each, 1 KB aligned, so the
-        # swizzle bits of dst16 hold)
-        dst = self.dst16
-        if const_expr(self.cfg.converter):
-            dst = dst + buffer * (keys_per_step * HEAD_DIM * 2)
         for i in cutlass.range_constexpr(2 * per_half):
             kv = i // per_half
             h = i % per_half
             b0, b1 = e4m3x4_to_f16x4(words[2 * i])
             b2, b3 = e4m3x4_to_f16x4(words[2 * i + 1])
-            st_shared_v4_b32(dst, kv * self.cfg.mma_stages * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2,
-                             b0, b1, b2, b3)
-
-    @cute.jit
-    def convert_steps(self, n_steps: Int32, tail_lo: Int32):
-        """The converter warpgroup (cfg.converter), every thread: for each of the CTA's n_steps
-        steps k, wait until its staging stage landed and the computing warpgroup freed f16 buffer k
-        % 2 (its step k - 2; the first two waits pass at once on fresh barriers), convert (the
-        same chunks as ready's), then a proxy fence and an arrive per warp on converted[k % 2]; once
-        the whole warpgroup has read the stage (named barrier 2), the load warp refills it with
-        step k + stages."""
-        stages = self.cfg.stages
-        for k in cutlass.range(n_steps, unroll=1):
-            stage = k % stages
-            buffer = k % 2
-            cute.arch.mbarrier_wait(self.full + stage, (k // stages) % 2)
-            cute.arch.mbarrier_wait(self.handoff + 2 + buffer, ((k // 2) % 2) ^ 1)
-            self.convert(k, stage, tail_lo, buffer)
-            cute.arch.fence_view_async_shared()    # generic stores -> the other warpgroup's wgmmas
-            cute.arch.sync_warp()
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive(self.handoff + buffer)
-            cute.arch.barrier(barrier_id=2, number_of_threads=THREADS)   # the stage is read: refill it
-            self.refill(k + stages, n_steps)
-
-    @cute.jit
-    def wait_converted(self, k: Int32):
-        """The computing warpgroup, step k (cfg.converter): wait until f16 buffer k % 2 holds it."""
-        cute.arch.mbarrier_wait(self.handoff + k % 2, (k // 2) % 2)
-
-    @cute.jit
-    def release(self, k: Int32):
-        """The computing warpgroup, step k (cfg.converter), after its P V wgmma was waited for: an
-        arrive per warp on freed[k % 2], so the converter may refill that buffer."""
-        cute.arch.sync_warp()
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive(self.handoff + 2 + k % 2)
+            st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
 
     @cute.jit
     def zero_tail_rows(self, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32):
@@ -914,14 +846,14 @@ class WorkspaceMerge:
         # cumulative over the CTA's writes that the barrier ordered before it (as CUTLASS's
         # barrier arrive); SASS: MEMBAR.GPU, ATOMG, CCTL.IVALL. A fence.acq_rel before it would
         # add a second MEMBAR.GPU, and a fence in every thread a membar stall in every thread
-        _warpgroup_sync(self.cfg.converter)
+        cute.arch.sync_threads()
         if rows.tidx == 0:
             old = cute.arch.atomic_add(self.cnt_ptr, Uint32(1), sem="acq_rel", scope="gpu")
             last = Int32(old == Uint32(tree.n_clusters - 1))
             sFlag[0] = last
             if last != 0:
                 cute.arch.atomic_exch(self.cnt_ptr, Uint32(0), sem="relaxed", scope="gpu")
-        _warpgroup_sync(self.cfg.converter)     # the ticket's acquire (thread 0) -> every thread
+        cute.arch.sync_threads()     # the ticket's acquire (thread 0) -> every thread
         writes_out = sFlag[0]
         if writes_out != 0:
             l_merged = self.fold(o_merged, o_node)
@@ -1100,7 +1032,7 @@ class Attn2Sm90:
             occ["cluster"] = (self.cluster_size, 1, 1)
         self.kernel(mY, mPT, mSeq, mOut, mWs, mErr, mKScale, mVScale, tma_atom, mKV_tma, sRing_layout, sPages_layout,
                     sQ_layout, mCache.shape[0], scale * LOG2E, max_seq_len, wave_ctas).launch(
-            grid=(self.cluster_size, kv_heads * num_requests, self.cfg.max_clusters), block=(self.cfg.threads, 1, 1),
+            grid=(self.cluster_size, kv_heads * num_requests, self.cfg.max_clusters), block=(THREADS, 1, 1),
             stream=stream, use_pdl=self.cfg.pdl, **occ)
 
     @cute.kernel
@@ -1122,9 +1054,6 @@ class Attn2Sm90:
         # ---- shared memory
         smem = SmemAllocator()
         full = smem.allocate_array(Int64, self.stages, byte_alignment=8)   # one mbarrier per ring stage
-        handoff = None
-        if const_expr(self.cfg.converter):    # KVRing's converted[2] and freed[2]
-            handoff = smem.allocate_array(Int64, 4, byte_alignment=8)
         sK = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sV = smem.allocate_tensor(self.mma_dtype, sRing_layout.outer, byte_alignment=1024, swizzle=sRing_layout.inner)
         sQ = smem.allocate_tensor(self.mma_dtype, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
@@ -1138,7 +1067,7 @@ class Attn2Sm90:
         sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
         if const_expr(self.cfg.smem_pad > 0):   # never touched: it caps the CTAs an SM holds (occupancy_cap)
             smem.allocate_array(Uint32, self.cfg.smem_pad // 4, byte_alignment=16)
-        ring = KVRing.create(self.cfg, tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, num_pages, cta, s8, handoff)
+        ring = KVRing.create(self.cfg, tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, num_pages, cta, s8)
         ring.init_barriers()
 
         # ---- before the PDL wait (this grid may start while its predecessor in the stream still
@@ -1163,68 +1092,42 @@ class Attn2Sm90:
         if const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()
         if bad_len != 0:
-            if const_expr(self.cfg.converter):
-                if cta.tidx < THREADS:    # the computing warpgroup's rows (write_bad_length)
-                    self.write_bad_length(mOut, mErr, cta)
-            else:
-                self.write_bad_length(mOut, mErr, cta)
+            self.write_bad_length(mOut, mErr, cta)
         else:
             if tree.cluster < tree.n_clusters:
                 # every CTA of a live cluster runs to the cluster barriers, even with no steps
                 steps = tree.cta_steps()
-                # the first KV loads (the load warp) and Q go out together: their latencies overlap
+                # the first KV loads (warp 0) and Q go out together: their latencies overlap
                 ring.prologue(steps.count, tree.unwritten_steps(steps.page_base), False)
-                if const_expr(self.cfg.converter):
-                    # the converter warpgroup loads and converts, then exits (the barriers the
-                    # computing warpgroup meets after it count only threads that have not exited);
-                    # each warpgroup executes its one setmaxnreg
-                    if cta.warp >= CONVERTER_WARP:
-                        cute.arch.setmaxregister_decrease(CONVERTER_REGISTERS)
-                        ring.convert_steps(steps.count, tree.seq_len - steps.page_base * PAGE_SIZE)
-                    else:
-                        cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
-                        self.attend(mY, mOut, mWs, mKScale, mVScale, ring, sQ, sQmax, sFlag, sXm, tree, steps,
-                                    scale_log2, wave_ctas, cta)
-                else:
-                    self.attend(mY, mOut, mWs, mKScale, mVScale, ring, sQ, sQmax, sFlag, sXm, tree, steps,
-                                scale_log2, wave_ctas, cta)
+                scale_qk = scale_log2
+                q_exp = self.load_query(mY, sQ, sQmax, cta)
+                if const_expr(self.cfg.fp8):
+                    # the key scale and q's power of two fold into the softmax's:
+                    # (scale log2 e k_scale 2^q_exp) (q 2^-q_exp . k8), fp32
+                    scale_qk = mul_rn(mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)]),
+                                      pow2(q_exp))
+                thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
+                self.trigger_dependents(cta, tree, wave_ctas)
 
-    @cute.jit
-    def attend(self, mY: cute.Tensor, mOut: cute.Tensor, mWs: cute.Tensor, mKScale: cute.Tensor | None,
-               mVScale: cute.Tensor | None, ring: "KVRing", sQ: cute.Tensor, sQmax: cute.Tensor | None,
-               sFlag: cute.Tensor, sXm: cute.Tensor, tree: ReductionTree, steps: CtaSteps, scale_log2: Float32,
-               wave_ctas: Int32, cta: CtaPlace):
-        """The computing warpgroup of a live cluster's CTA, after the ring prologue: Q, the main
-        loop, the PDL trigger, the cluster's and the workspace's merges and the rows' writes."""
-        scale_qk = scale_log2
-        q_exp = self.load_query(mY, sQ, sQmax, cta)
-        if const_expr(self.cfg.fp8):
-            # the key scale and q's power of two fold into the softmax's:
-            # (scale log2 e k_scale 2^q_exp) (q 2^-q_exp . k8), fp32
-            scale_qk = mul_rn(mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)]),
-                              pow2(q_exp))
-        thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
-        self.trigger_dependents(cta, tree, wave_ctas)
-
-        rows = self.merge_rows(cta, tree.rank)
-        _warpgroup_sync(self.cfg.converter)   # every wgmma read of the rings is done: reuse them
-        sX = self.write_partial(ring, sXm, thr_pv, partial, cta)
-        cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
-        # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
-        # for it, and its latency overlaps the cluster wait and the merges
-        gate = rows.load_gate(mY, cta.kv_heads)
-        v_scale = None
-        if const_expr(self.cfg.fp8):    # applied with 1 / l by the rows' writer
-            v_scale = mVScale[cutlass.min(cta.kv_head, mVScale.shape[0] - 1)]
-        m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, rows, tree)
-        writes_out = Int32(1)      # one cluster: its (only) node is the whole row
-        if tree.n_clusters > 1:
-            writes_out, l_merged = WorkspaceMerge.create(self.cfg, mWs, rows, tree, cta).merge(
-                sFlag, m_merged, l_merged, o_merged, o_node)
-        if writes_out != 0:     # the single writer of these rows
-            rows.write_out(mOut, gate, o_merged, l_merged, v_scale)
-        # my smem stays alive until every peer has read it (merge_cluster's relaxed arrive)
-        cute.arch.cluster_wait()
+                rows = self.merge_rows(cta, tree.rank)
+                cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
+                sX = self.write_partial(ring, sXm, thr_pv, partial, cta)
+                cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
+                # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
+                # for it, and its latency overlaps the cluster wait and the merges
+                gate = rows.load_gate(mY, cta.kv_heads)
+                v_scale = None
+                if const_expr(self.cfg.fp8):    # applied with 1 / l by the rows' writer
+                    v_scale = mVScale[cutlass.min(cta.kv_head, mVScale.shape[0] - 1)]
+                m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, rows, tree)
+                writes_out = Int32(1)      # one cluster: its (only) node is the whole row
+                if tree.n_clusters > 1:
+                    writes_out, l_merged = WorkspaceMerge.create(self.cfg, mWs, rows, tree, cta).merge(
+                        sFlag, m_merged, l_merged, o_merged, o_node)
+                if writes_out != 0:     # the single writer of these rows
+                    rows.write_out(mOut, gate, o_merged, l_merged, v_scale)
+                # my smem stays alive until every peer has read it (merge_cluster's relaxed arrive)
+                cute.arch.cluster_wait()
 
     # ---------------------------------------------------------------------------- phases
     @cute.jit
@@ -1275,12 +1178,12 @@ class Attn2Sm90:
         _load_q(mY, qv, cta.request, cta.kv_head, cta.tidx, self.q_len)
         q_exp = Int32(0)
         if const_expr(self.cfg.fp8):
-            qv, q_exp = _q_to_f16(qv, sQmax, cta.warp, cta.lane, self.cfg.converter)
+            qv, q_exp = _q_to_f16(qv, sQmax, cta.warp, cta.lane)
         for it in cutlass.range_constexpr(M_TILE * 8 // THREADS):
             ci = cta.tidx + it * THREADS
             cute.autovec_copy(qv[None, it], cute.local_tile(sQ, (1, 8), (ci // 8, ci % 8))[0, None])
         cute.arch.fence_view_async_shared()    # sQ (generic stores) -> wgmma (async proxy)
-        _warpgroup_sync(self.cfg.converter)    # sQ visible
+        cute.arch.sync_threads()               # sQ visible
         return q_exp
 
     @cute.jit
@@ -1355,16 +1258,13 @@ class Attn2Sm90:
             mma_stage = k % self.cfg.mma_stages   # the stage the wgmmas read (fp8: the one step buffer)
             # fp8: into the stage step k is converted from, after ready; bf16: the one step k - 1 read
             k_next = k + self.cfg.steps_ahead
-            if const_expr(self.cfg.converter):
-                ring.wait_converted(k)     # the converter warpgroup loads, converts and refills
-            else:
-                # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled
-                cute.arch.sync_threads()
-                if const_expr(not self.cfg.refill_under_qk):
-                    ring.refill(k_next, steps.count)
-                if const_expr(self.cfg.fp8):
-                    # the conversion first: nothing of the step's masks is live across it (registers)
-                    ring.ready(k, stage, tail_lo, tail_hi)
+            # every warp is done with step k-1, so its stage (fp8: the step buffer) may be refilled
+            cute.arch.sync_threads()
+            if const_expr(not self.cfg.refill_under_qk):
+                ring.refill(k_next, steps.count)
+            if const_expr(self.cfg.fp8):
+                # the conversion first: nothing of the step's masks is live across it (registers)
+                ring.ready(k, stage, tail_lo, tail_hi)
             kbase = (steps.page_base + k * self.pages_per_step) * PAGE_SIZE
             ring.invalid_pages(k, inv)
             if const_expr(not self.cfg.fp8):
@@ -1392,8 +1292,6 @@ class Attn2Sm90:
             for q in cutlass.range_constexpr(cute.size(tOrP32)):
                 tOrP32[q] = pack_x2(tSrS[2 * q], tSrS[2 * q + 1], self.mma_kind)
             wgmma_group(atom_pv, tOrO, tOrP, tOrVt[None, None, None, mma_stage], False)
-            if const_expr(self.cfg.converter):
-                ring.release(k)
 
             if const_expr(self.second_accumulator):
                 if k + 1 == chunk_end:

@@ -17,13 +17,7 @@ from dataclasses import dataclass
 from ..config import GROUP, HEAD_DIM, PAGE_SIZE, SUPPORTED_Q_LENS
 from . import runtime
 
-THREADS = 128     # one warpgroup: the one that computes (and, without a converter, converts)
-CONVERTER_WARP = THREADS // 32   # Attn2Config.converter: the converter warpgroup's first warp
-# Attn2Config.converter's register split (setmaxnreg): a deep CTA of two warpgroups at 3 an SM
-# launches with 80 registers a thread (65,536 / 768, rounded down to 8); the converter gives
-# back to CONVERTER_REGISTERS and the consumer takes CONSUMER_REGISTERS (32 + 128 = 2 x 80)
-CONVERTER_REGISTERS = 32
-CONSUMER_REGISTERS = 128
+THREADS = 128     # one warpgroup
 M_TILE = 64       # wgmma M: the q_len * 8 query rows of a KV head, zero-padded
 MAX_SEQ_LEN = 2**21   # a CTA stages its page-table slice in shared memory (32 KB at 2^21)
 
@@ -159,7 +153,6 @@ class Attn2Config:
     ctas_per_sm: int = 0   # 1 to 4: shared memory reserved so no more CTAs share an SM (occupancy_cap); 0: none
     early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
     fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
-    converter: bool = False    # fp8 deep: a second warpgroup converts and loads, handing steps over on mbarriers
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -206,18 +199,7 @@ class Attn2Config:
         return max(1, self.query_rows // self.cluster_size)
 
     @property
-    def threads(self):         # a CTA's threads: one warpgroup, two with a converter
-        return 2 * THREADS if self.converter else THREADS
-
-    @property
-    def load_warp(self):       # the warp that issues the KV ring's TMA loads
-        return CONVERTER_WARP if self.converter else 0
-
-    @property
-    def mma_stages(self):      # 16-bit K / V stages the wgmmas read: the ring's (bf16), one step buffer
-        # (fp8), two with a converter (it fills one while the wgmmas read the other)
-        if self.converter:
-            return 2
+    def mma_stages(self):      # 16-bit K / V stages the wgmmas read: the ring's (bf16), one step buffer (fp8)
         return 1 if self.fp8 else self.stages
 
     @property
@@ -229,8 +211,7 @@ class Attn2Config:
     def refill_under_qk(self):  # warp 0 issues a step's refill while its S = Q K^T runs (wide, and fp8,
         # which keeps one more step in flight); bf16 deep issues it before, as early as it can
         # (each measured faster so: bench/RESULTS.md, thirty-ninth session)
-        # (a converter warpgroup refills its own stages: KVRing.convert_steps)
-        return (self.wide or self.fp8) and not self.converter
+        return self.wide or self.fp8
 
     @property
     def staging_bytes(self):   # the FP8 staging ring: stages x (K | V) x keys_per_step rows of 64 bytes
@@ -258,7 +239,7 @@ class Attn2Config:
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
-               early_ring: bool = True, fp8: bool = False, converter: bool = False) -> "Attn2Config":
+               early_ring: bool = True, fp8: bool = False) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
@@ -291,12 +272,9 @@ class Attn2Config:
             min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
             if ctas_per_sm and q_len in CAPPED_REGISTER_Q_LENS:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
-            if converter:
-                min_blocks = 3    # two warpgroups a CTA (CONVERTER_REGISTERS, CONSUMER_REGISTERS)
-        assert not converter or (fp8 and layout == "deep" and ctas_per_sm in (0, 3)), (converter, fp8, layout)
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
-                          early_ring, fp8, converter)
+                          early_ring, fp8)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
@@ -408,14 +386,6 @@ def ci_variants(max_seq_lens=(2048, 32768, 262144), fp8_max_seq_lens=(2048, 2621
     fp8 = [cfg for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for msl in fp8_max_seq_lens
            for cfg in deployment_variants(2, q_len, window, msl, fp8=True)]
     return bf16 + fp8
-
-
-def dev_variants() -> list["Attn2Config"]:
-    """Development knobs no deployment compiles, which CI compiles too: the converter warpgroup
-    (Attn2Config.converter) at both q_lens, with and without a window, and with a third staging
-    stage."""
-    return [_config(q_len, window, 32768, "deep", fp8=True, converter=True, **extra)
-            for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for extra in ({}, {"stages": 3})]
 
 
 def triggers_dependents(layout: str, pairs: int, n_chunks: int, wave: int) -> bool:
