@@ -67,17 +67,18 @@ def make_case(lens, hkv, q_len, *, seed=0, extra_pages=64, window=0, device="cud
 
 
 def run_kernel(A, y, cache, pt, seq, *, q_len, window, max_seq_len, ws=None, err=None, scale=SCALE,
-               layout=None, ctas_per_sm=None, k_scale=None, v_scale=None):
+               layout=None, ctas_per_sm=None, k_scale=None, v_scale=None, knobs=None):
     """One launch into a NaN-poisoned out; layout ("wide" or "deep") and ctas_per_sm (0, 1, 2)
     force the layout and the occupancy cap (None: the host's pick); an FP8 cache takes k_scale /
-    v_scale (None: 1.0)."""
+    v_scale (None: 1.0); knobs: more launch-config overrides (development knobs)."""
     R, hkv = seq.shape[0], cache.shape[1]
     out = torch.full((q_len * R, GROUP * hkv * HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=y.device)
     if ws is None:
         ws = torch.zeros(A.workspace_bytes(R, hkv, q_len, window, max_seq_len), dtype=torch.uint8, device=y.device)
     if err is None:
         err = torch.zeros(1, dtype=torch.int32, device=y.device)
-    over = {k: v for k, v in (("layout", layout), ("ctas_per_sm", ctas_per_sm)) if v is not None} or None
+    over = {k: v for k, v in (("layout", layout), ("ctas_per_sm", ctas_per_sm)) if v is not None}
+    over = {**over, **(knobs or {})} or None
     copy = None if A.__name__ == "muse_ops.cutedsl.attn2" else A   # a dev tool's copy of the kernel
     dev.launch_attn2(y, cache, pt, seq, out, ws, err, q_len=q_len, window=window, scale=scale,
                      max_seq_len=max_seq_len, override=over, kernel=copy, k_scale=k_scale, v_scale=v_scale)
@@ -468,6 +469,28 @@ def test_fp8_layouts_and_caps_bit_identical(q_len, window):
     for key, out in outs[1:]:
         differ = int((out != outs[0][1]).sum())
         assert differ == 0, f"{key}: {differ} outputs differ from {outs[0][0]}"
+
+
+@gpu
+@pytest.mark.parametrize("q_len,window", [(8, 0), (1, 0), (8, 2048)])
+def test_fp8_page_box_bit_identical(q_len, window):
+    """Attn2Config.page_box (one TMA box a page, each staging row its K then its V bytes) gives
+    the FP8 kernel's bits in both layouts: requests of 1 to many ring steps, tail pages, NaN bytes
+    in unused pages and rows past L, within tolerance of float64, error flag and counters at zero."""
+    A = _kernel()
+    msl, hkv = 1 << 15, 2
+    lens = [q_len, 15 + q_len, 64, 65, 200, 1000, 3001, 5000, 12345, 32768]
+    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=41 + q_len, window=window, scales="head")
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
+    for layout in A.deployment_layouts(window):
+        kw = dict(q_len=q_len, window=window, max_seq_len=msl, layout=layout, k_scale=ks, v_scale=vs)
+        base, _, _ = run_kernel(A, y, cache, pt, seq, **kw)
+        out, ws, err = run_kernel(A, y, cache, pt, seq, knobs={"page_box": True}, **kw)
+        assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
+        nbad, mx, mean = check_close(out, ref)
+        assert nbad == 0 and mean <= 2e-3, (layout, nbad, mx, mean)
+        differ = int((out.view(torch.int16) != base.view(torch.int16)).sum())
+        assert differ == 0, f"{layout}: {differ} outputs differ from the FP8 kernel's"
 
 
 @gpu

@@ -35,13 +35,16 @@ def test_compile_every_variant(op):
     assert compiled == len(registry.ci_variants(op)) > 0, (compiled, op)
 
 
-def test_compile_development_variants(monkeypatch):
-    """qkv_front's development knobs (qkv_front_plan.dev_variants) compile too."""
+@pytest.mark.parametrize("op", sorted(registry.FAMILIES))
+def test_compile_development_variants(monkeypatch, op):
+    """The development knobs of each op (qkv_front_plan.dev_variants, attn2_plan.dev_variants)
+    compile too."""
     monkeypatch.setenv("MUSE_OPS_CACHE_DIR", "off")
-    from muse_ops.cutedsl import qkv_front_plan
-    registry.family("qkv_front").kernel_module()
-    for cfg in qkv_front_plan.dev_variants():
-        assert launch.COMPILE["qkv_front"](cfg) is not None, cfg
+    from muse_ops.cutedsl import attn2_plan, qkv_front_plan
+    registry.family(op).kernel_module()
+    plan = {"qkv_front": qkv_front_plan, "attn2": attn2_plan}[op]
+    for cfg in plan.dev_variants():
+        assert launch.COMPILE[op](cfg) is not None, cfg
 
 
 def test_import_changes_no_process_setting():

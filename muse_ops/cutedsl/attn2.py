@@ -406,18 +406,25 @@ class KVRing:
     dst16: Int32 | None  # fp8: shared address of its first 16-byte f16 piece in sK (128 B swizzle applied)
 
     @staticmethod
-    def make_tma(mCache: cute.Tensor, sPages_layout):
+    def make_tma(mCache: cute.Tensor, sPages_layout, box_columns: int):
         """Host side (__call__): the TMA atom and the cache's TMA tensor, the cache seen as (row,
-        column, KV head, page); a box is one page's K or V half, (16, 64). sPages_layout: the ring
-        as pages (bf16: 128 B swizzled; fp8: the staging ring's K boxes, staging_layout)."""
+        column, KV head, page); a box is one page's K or V half, (16, 64), or with cfg.page_box the
+        whole page, (16, 128) (box_columns). sPages_layout: the ring as pages (bf16: 128 B
+        swizzled; fp8: the staging ring's boxes, staging_layout)."""
         mKV = cute.make_tensor(mCache.iterator, cute.select(mCache.layout, mode=[2, 3, 1, 0]))
         return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mKV,
-                                           cute.slice_(sPages_layout, (None, None, 0)), (PAGE_SIZE, HEAD_DIM))
+                                           cute.slice_(sPages_layout, (None, None, 0)), (PAGE_SIZE, box_columns))
 
     @staticmethod
     def staging_layout(cfg: Attn2Config) -> cute.Layout:
         """fp8: the staging ring's K boxes as pages, (16, 64, (pages_per_step, stages)) bytes: page p
-        of stage s at s * 2 keys_per_step * 64 + p * 1 KB; its V boxes follow each stage's K boxes."""
+        of stage s at s * 2 keys_per_step * 64 + p * 1 KB; its V boxes follow each stage's K boxes.
+        With cfg.page_box: the pages, (16, 128, (pages_per_step, stages)), page p of stage s at
+        s * 2 keys_per_step * 64 + p * 2 KB, each row its K then its V bytes, as in the cache."""
+        if const_expr(cfg.page_box):
+            box = PAGE_SIZE * 2 * HEAD_DIM
+            return cute.make_layout((PAGE_SIZE, 2 * HEAD_DIM, (cfg.pages_per_step, cfg.stages)),
+                                    stride=(2 * HEAD_DIM, 1, (box, cfg.pages_per_step * box)))
         box = PAGE_SIZE * HEAD_DIM
         return cute.make_layout((PAGE_SIZE, HEAD_DIM, (cfg.pages_per_step, cfg.stages)),
                                 stride=(HEAD_DIM, 1, (box, 2 * cfg.pages_per_step * box)))
@@ -433,18 +440,28 @@ class KVRing:
         dst16 = None
         if const_expr(cfg.fp8):
             sKp = cute.make_tensor(s8.iterator, sPages_layout)
-            sVp = cute.make_tensor(s8.iterator + cfg.pages_per_step * PAGE_SIZE * HEAD_DIM, sPages_layout)
+            sVp = sKp    # page_box: one box a page (tVs unused)
+            if const_expr(not cfg.page_box):
+                sVp = cute.make_tensor(s8.iterator + cfg.pages_per_step * PAGE_SIZE * HEAD_DIM, sPages_layout)
             # chunk tidx + THREADS i of a stage: bytes 8 (tidx + THREADS i); its row of the step
             # tidx // 8 (+ 16 per i), its columns 8 (tidx % 8) ..: the f16 piece tidx % 8 of that
             # row, in the 128 B swizzle (16-byte piece ^= address bits 7..9, as CuTe addresses sK and
             # as TMA and wgmma read it; sK is 1 KB aligned)
             src8 = s8.iterator.toint() + cta.tidx * 8
             a = sK.iterator.toint() + (cta.tidx // 8) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16
+            if const_expr(cfg.page_box):
+                # chunk tidx + THREADS i: row tidx // 16 + 8 (i % 2) + 16 (i // 2) of the step, its K
+                # (tidx % 16 < 8) or V bytes 8 (tidx % 8) ..: piece tidx % 8 of that row of sK or sV
+                # (sV follows sK), the same swizzle for all of the thread's rows
+                a = (sK.iterator.toint() + ((cta.tidx // 8) % 2) * (cfg.keys_per_step * HEAD_DIM * 2)
+                     + (cta.tidx // 16) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16)
             dst16 = a ^ ((a >> 3) & 0x70)
         else:
             sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
             sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
         gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)
+        if const_expr(cfg.page_box):
+            gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, 2 * HEAD_DIM))   # (16, 128, 1, 1, Hkv, pages)
         tKs, tKVg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sKp, 0, 2),
                                           cute.group_modes(gKV, 0, 2))
         tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
@@ -517,8 +534,9 @@ class KVRing:
             page = stage * pages_per_step + p
             cute.copy(self.tma_atom, self.tKVg[None, 0, 0, self.kv_head, src], self.tKs[None, page],
                       tma_bar_ptr=self.full + stage)
-            cute.copy(self.tma_atom, self.tKVg[None, 0, 1, self.kv_head, src], self.tVs[None, page],
-                      tma_bar_ptr=self.full + stage)
+            if const_expr(not self.cfg.page_box):   # (page_box: the box above held the whole page)
+                cute.copy(self.tma_atom, self.tKVg[None, 0, 1, self.kv_head, src], self.tVs[None, page],
+                          tma_bar_ptr=self.full + stage)
 
     @cute.jit
     def prologue(self, n_steps: Int32, unwritten: Int32, before_wait: cutlass.Constexpr[bool]):
@@ -587,19 +605,29 @@ class KVRing:
         # session). A V word of a row >= L is masked to zero, the same bits as not loading it; an
         # AND in every step, which measured faster than a branch to the masks on the tail step.
         words = cute.make_rmem_tensor(cute.make_layout(4 * per_half), Uint32)
+        if const_expr(self.cfg.page_box):
+            # every chunk of this thread is K (tidx % 16 < 8) or every one V; row of chunk i:
+            # tidx // 16 + 8 (i % 2) + 16 (i // 2) (KVRing.create)
+            row0 = self.tidx // 16
+            is_k = Int32((self.tidx // 8) % 2 == 0)
         for i in cutlass.range_constexpr(2 * per_half):
             w0, w1 = ld_shared_v2_b32(src, i * THREADS * 8)
-            if const_expr(i >= per_half):
+            if const_expr(self.cfg.page_box):
+                keep = Uint32(0) - Uint32((row0 + 8 * (i % 2) + 16 * (i // 2) < v_rows) | (is_k != 0))
+                w0, w1 = w0 & keep, w1 & keep
+            elif const_expr(i >= per_half):
                 keep = Uint32(0) - Uint32(row0 + 16 * (i % per_half) < v_rows)
                 w0, w1 = w0 & keep, w1 & keep
             words[2 * i] = w0
             words[2 * i + 1] = w1
         for i in cutlass.range_constexpr(2 * per_half):
-            kv = i // per_half
-            h = i % per_half
             b0, b1 = e4m3x4_to_f16x4(words[2 * i])
             b2, b3 = e4m3x4_to_f16x4(words[2 * i + 1])
-            st_shared_v4_b32(self.dst16, kv * keys_per_step * HEAD_DIM * 2 + h * 16 * HEAD_DIM * 2, b0, b1, b2, b3)
+            if const_expr(self.cfg.page_box):
+                offset = (8 * (i % 2) + 16 * (i // 2)) * HEAD_DIM * 2
+            else:
+                offset = (i // per_half) * keys_per_step * HEAD_DIM * 2 + (i % per_half) * 16 * HEAD_DIM * 2
+            st_shared_v4_b32(self.dst16, offset, b0, b1, b2, b3)
 
     @cute.jit
     def zero_tail_rows(self, stage: Int32, k: Int32, tail_lo: Int32, tail_hi: Int32):
@@ -1024,7 +1052,7 @@ class Attn2Sm90:
             sPages_layout = cute.tile_to_shape(atom, (PAGE_SIZE, HEAD_DIM, self.pages_per_step * self.stages),
                                                (0, 1, 2))
         sQ_layout = cute.tile_to_shape(atom, (M_TILE, HEAD_DIM), (0, 1))
-        tma_atom, mKV_tma = KVRing.make_tma(mCache, sPages_layout)
+        tma_atom, mKV_tma = KVRing.make_tma(mCache, sPages_layout, 2 * HEAD_DIM if self.cfg.page_box else HEAD_DIM)
         occ = {}
         if const_expr(self.cfg.min_blocks > 0):
             occ = dict(min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)
