@@ -408,8 +408,8 @@ class KVRing:
     @staticmethod
     def make_tma(mCache: cute.Tensor, sPages_layout, box_columns: int):
         """Host side (__call__): the TMA atom and the cache's TMA tensor, the cache seen as (row,
-        column, KV head, page); a box is one page's K or V half, (16, 64), or with cfg.page_box the
-        whole page, (16, 128) (box_columns). sPages_layout: the ring as pages (bf16: 128 B
+        column, KV head, page); a box is (16, box_columns) (Attn2Config.box_columns: one page's K
+        or V half, or with page_box the whole page). sPages_layout: the ring as pages (bf16: 128 B
         swizzled; fp8: the staging ring's boxes, staging_layout)."""
         mKV = cute.make_tensor(mCache.iterator, cute.select(mCache.layout, mode=[2, 3, 1, 0]))
         return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mKV,
@@ -421,13 +421,9 @@ class KVRing:
         of stage s at s * 2 keys_per_step * 64 + p * 1 KB; its V boxes follow each stage's K boxes.
         With cfg.page_box: the pages, (16, 128, (pages_per_step, stages)), page p of stage s at
         s * 2 keys_per_step * 64 + p * 2 KB, each row its K then its V bytes, as in the cache."""
-        if const_expr(cfg.page_box):
-            box = PAGE_SIZE * 2 * HEAD_DIM
-            return cute.make_layout((PAGE_SIZE, 2 * HEAD_DIM, (cfg.pages_per_step, cfg.stages)),
-                                    stride=(2 * HEAD_DIM, 1, (box, cfg.pages_per_step * box)))
-        box = PAGE_SIZE * HEAD_DIM
-        return cute.make_layout((PAGE_SIZE, HEAD_DIM, (cfg.pages_per_step, cfg.stages)),
-                                stride=(HEAD_DIM, 1, (box, 2 * cfg.pages_per_step * box)))
+        columns = cfg.box_columns
+        return cute.make_layout((PAGE_SIZE, columns, (cfg.pages_per_step, cfg.stages)),
+                                stride=(columns, 1, (PAGE_SIZE * columns, 2 * cfg.keys_per_step * HEAD_DIM)))
 
     @staticmethod
     def create(cfg: Attn2Config, tma_atom: cute.CopyAtom, mKV_tma: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
@@ -440,28 +436,29 @@ class KVRing:
         dst16 = None
         if const_expr(cfg.fp8):
             sKp = cute.make_tensor(s8.iterator, sPages_layout)
-            sVp = sKp    # page_box: one box a page (tVs unused)
-            if const_expr(not cfg.page_box):
+            if const_expr(cfg.page_box):
+                sVp = sKp    # one box a page: tVs unused
+            else:
                 sVp = cute.make_tensor(s8.iterator + cfg.pages_per_step * PAGE_SIZE * HEAD_DIM, sPages_layout)
             # chunk tidx + THREADS i of a stage: bytes 8 (tidx + THREADS i); its row of the step
             # tidx // 8 (+ 16 per i), its columns 8 (tidx % 8) ..: the f16 piece tidx % 8 of that
             # row, in the 128 B swizzle (16-byte piece ^= address bits 7..9, as CuTe addresses sK and
             # as TMA and wgmma read it; sK is 1 KB aligned)
             src8 = s8.iterator.toint() + cta.tidx * 8
-            a = sK.iterator.toint() + (cta.tidx // 8) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16
             if const_expr(cfg.page_box):
                 # chunk tidx + THREADS i: row tidx // 16 + 8 (i % 2) + 16 (i // 2) of the step, its K
                 # (tidx % 16 < 8) or V bytes 8 (tidx % 8) ..: piece tidx % 8 of that row of sK or sV
                 # (sV follows sK), the same swizzle for all of the thread's rows
                 a = (sK.iterator.toint() + ((cta.tidx // 8) % 2) * (cfg.keys_per_step * HEAD_DIM * 2)
                      + (cta.tidx // 16) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16)
+            else:
+                a = sK.iterator.toint() + (cta.tidx // 8) * (HEAD_DIM * 2) + (cta.tidx % 8) * 16
             dst16 = a ^ ((a >> 3) & 0x70)
         else:
             sKp = cute.make_tensor(sK.iterator, sPages_layout.outer)
             sVp = cute.make_tensor(sV.iterator, sPages_layout.outer)
-        gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)
-        if const_expr(cfg.page_box):
-            gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, 2 * HEAD_DIM))   # (16, 128, 1, 1, Hkv, pages)
+        # (16, 64, 1, 2, Hkv, pages): a page's K and V boxes; with page_box (16, 128, 1, 1, ..): one
+        gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, cfg.box_columns))
         tKs, tKVg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sKp, 0, 2),
                                           cute.group_modes(gKV, 0, 2))
         tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
@@ -1052,7 +1049,7 @@ class Attn2Sm90:
             sPages_layout = cute.tile_to_shape(atom, (PAGE_SIZE, HEAD_DIM, self.pages_per_step * self.stages),
                                                (0, 1, 2))
         sQ_layout = cute.tile_to_shape(atom, (M_TILE, HEAD_DIM), (0, 1))
-        tma_atom, mKV_tma = KVRing.make_tma(mCache, sPages_layout, 2 * HEAD_DIM if self.cfg.page_box else HEAD_DIM)
+        tma_atom, mKV_tma = KVRing.make_tma(mCache, sPages_layout, self.cfg.box_columns)
         occ = {}
         if const_expr(self.cfg.min_blocks > 0):
             occ = dict(min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)

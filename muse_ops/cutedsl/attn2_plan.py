@@ -215,6 +215,10 @@ class Attn2Config:
         return self.wide or self.fp8
 
     @property
+    def box_columns(self):     # columns of a page one TMA box loads: its K or V half, or with page_box all of it
+        return 2 * HEAD_DIM if self.page_box else HEAD_DIM
+
+    @property
     def staging_bytes(self):   # the FP8 staging ring: stages x (K | V) x keys_per_step rows of 64 bytes
         return self.stages * 2 * self.keys_per_step * HEAD_DIM if self.fp8 else 0
 

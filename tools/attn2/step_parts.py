@@ -10,9 +10,9 @@ The copies, each cumulative over the one before:
   nosoftmax  also no masks and no online softmax (P is the raw logits)
   loads      also no wgmmas: a step waits for its stage (warp 0 alone, since nothing else keeps the
              warps in step) and refills it; the prologue, page table, merges and writes stay
-  loads2k    loads with one 2 KB TMA box a page (K and V rows together) instead of a K box and a V
-             box of 1 KB (64-byte rows at a 128-byte stride): whether the boxes' shape or the
-             tree's per-CTA costs hold the loads above the floor
+             (launched with the override page_box, one 2 KB TMA box a page instead of a K and a
+             V box of 1 KB: whether the boxes' shape or the tree's per-CTA costs hold the loads
+             above the floor; step_parts_device.sh's "loads2k")
 Each edit names the text it replaces and fails if the kernel no longer holds it: update the
 anchors with the kernel.
 """
@@ -66,26 +66,7 @@ LOADS = NOSOFTMAX + [
         if const_expr(self.cfg.fp8):
             pass"""),
 ]
-LOADS2K = LOADS + [
-    ("""cute.slice_(sPages_layout, (None, None, 0)), (PAGE_SIZE, HEAD_DIM))""",
-     """cute.slice_(sPages_layout, (None, None, 0)), (PAGE_SIZE, 2 * HEAD_DIM))  # STEP PARTS: 2 KB boxes"""),
-    ("""        box = PAGE_SIZE * HEAD_DIM
-        return cute.make_layout((PAGE_SIZE, HEAD_DIM, (cfg.pages_per_step, cfg.stages)),
-                                stride=(HEAD_DIM, 1, (box, 2 * cfg.pages_per_step * box)))""",
-     """        box = PAGE_SIZE * 2 * HEAD_DIM    # STEP PARTS: (16, 128) boxes, K | V rows
-        return cute.make_layout((PAGE_SIZE, 2 * HEAD_DIM, (cfg.pages_per_step, cfg.stages)),
-                                stride=(2 * HEAD_DIM, 1, (box, cfg.pages_per_step * box)))"""),
-    ("""            sVp = cute.make_tensor(s8.iterator + cfg.pages_per_step * PAGE_SIZE * HEAD_DIM, sPages_layout)""",
-     """            sVp = sKp"""),
-    ("""        gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, HEAD_DIM))      # (16, 64, 1, 2, Hkv, pages)""",
-     """        gKV = cute.flat_divide(mKV_tma, (PAGE_SIZE, 2 * HEAD_DIM) if cfg.fp8 else (PAGE_SIZE, HEAD_DIM))"""),
-    ("""            cute.copy(self.tma_atom, self.tKVg[None, 0, 1, self.kv_head, src], self.tVs[None, page],
-                      tma_bar_ptr=self.full + stage)""",
-     """            if const_expr(not self.cfg.fp8):
-                cute.copy(self.tma_atom, self.tKVg[None, 0, 1, self.kv_head, src], self.tVs[None, page],
-                          tma_bar_ptr=self.full + stage)"""),
-]
-COPIES = {"noconv": NOCONV, "nosoftmax": NOSOFTMAX, "loads": LOADS, "loads2k": LOADS2K}
+COPIES = {"noconv": NOCONV, "nosoftmax": NOSOFTMAX, "loads": LOADS}
 
 
 def edited(text: str, edits) -> str:
