@@ -154,6 +154,7 @@ class Attn2Config:
     early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
     fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
     page_box: bool = False     # fp8: one (16, 128) TMA box a page (its K and V rows together), not two (16, 64)
+    refill_warp: int = 0       # the warp that issues the ring's refills (at q_len 1 warp 0 alone runs the softmax)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -244,7 +245,8 @@ class Attn2Config:
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
-               early_ring: bool = True, fp8: bool = False, page_box: bool = False) -> "Attn2Config":
+               early_ring: bool = True, fp8: bool = False, page_box: bool = False,
+               refill_warp: int = 0) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
@@ -279,7 +281,7 @@ class Attn2Config:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
-                          early_ring, fp8, page_box)
+                          early_ring, fp8, page_box, refill_warp)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
@@ -289,6 +291,7 @@ class Attn2Config:
         assert 2 * cfg.mma_stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         assert fp8 or not page_box, cfg
+        assert 0 <= refill_warp < M_TILE // 16, cfg
         return cfg
 
 
@@ -396,9 +399,11 @@ def ci_variants(max_seq_lens=(2048, 32768, 262144), fp8_max_seq_lens=(2048, 2621
 
 def dev_variants() -> list["Attn2Config"]:
     """Development knobs no deployment compiles, which CI compiles too: an FP8 cache's staging
-    ring read as one TMA box a page (Attn2Config.page_box), every layout at both q_lens."""
-    return [_config(q_len, 0, 32768, layout, fp8=True, page_box=True)
-            for q_len in SUPPORTED_Q_LENS for layout in LAYOUTS]
+    ring read as one TMA box a page (Attn2Config.page_box), every layout at both q_lens; decode's
+    refills issued by warp 1 (Attn2Config.refill_warp), each layout."""
+    return ([_config(q_len, 0, 32768, layout, fp8=True, page_box=True)
+             for q_len in SUPPORTED_Q_LENS for layout in LAYOUTS]
+            + [_config(1, 0, 32768, layout, fp8=fp8, refill_warp=1) for layout in LAYOUTS for fp8 in (False, True)])
 
 
 def triggers_dependents(layout: str, pairs: int, n_chunks: int, wave: int) -> bool:
