@@ -472,25 +472,33 @@ def test_fp8_layouts_and_caps_bit_identical(q_len, window):
 
 
 @gpu
+@pytest.mark.parametrize("knobs,fp8", [({"page_box": True}, True), ({"refill_warp": -1}, True),
+                                       ({"refill_warp": -1}, False)], ids=["page_box", "refill_turns", "refill_turns_bf16"])
 @pytest.mark.parametrize("q_len,window", [(8, 0), (1, 0), (8, 2048)])
-def test_fp8_page_box_bit_identical(q_len, window):
-    """Attn2Config.page_box (one TMA box a page, each staging row its K then its V bytes) gives
-    the FP8 kernel's bits in both layouts: requests of 1 to many ring steps, tail pages, NaN bytes
-    in unused pages and rows past L, within tolerance of float64, error flag and counters at zero."""
+def test_development_knobs_bit_identical(q_len, window, knobs, fp8):
+    """Development knobs that only move work between TMA boxes or warps give the kernel's bits in
+    both layouts: Attn2Config.page_box (one TMA box a page, each staging row its K then its V
+    bytes) and refill_warp -1 (each step's refill issued by another warp). Requests of 1 to many
+    ring steps, tail pages, NaN bytes in unused pages and rows past L, within tolerance of float64,
+    error flag and counters at zero."""
     A = _kernel()
     msl, hkv = 1 << 15, 2
     lens = [q_len, 15 + q_len, 64, 65, 200, 1000, 3001, 5000, 12345, 32768]
-    y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=41 + q_len, window=window, scales="head")
+    if fp8:
+        y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=41 + q_len, window=window, scales="head")
+    else:
+        y, cache, pt, seq = make_case(lens, hkv, q_len, seed=43 + q_len, window=window)
+        ks = vs = None
     ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
     for layout in A.deployment_layouts(window):
         kw = dict(q_len=q_len, window=window, max_seq_len=msl, layout=layout, k_scale=ks, v_scale=vs)
         base, _, _ = run_kernel(A, y, cache, pt, seq, **kw)
-        out, ws, err = run_kernel(A, y, cache, pt, seq, knobs={"page_box": True}, **kw)
+        out, ws, err = run_kernel(A, y, cache, pt, seq, knobs=knobs, **kw)
         assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, window, msl)
         nbad, mx, mean = check_close(out, ref)
         assert nbad == 0 and mean <= 2e-3, (layout, nbad, mx, mean)
         differ = int((out.view(torch.int16) != base.view(torch.int16)).sum())
-        assert differ == 0, f"{layout}: {differ} outputs differ from the FP8 kernel's"
+        assert differ == 0, f"{layout}: {differ} outputs differ from the kernel's without {knobs}"
 
 
 @gpu

@@ -550,11 +550,18 @@ class KVRing:
 
     @cute.jit
     def refill(self, k_next: Int32, n_steps: Int32):
-        """Warp cfg.refill_warp, in step k after the step's CTA barrier: ring step k_next = k +
-        steps_ahead, if the CTA has it (< n_steps), into its stage (bf16: the one step k - 1 read,
-        which every warp is done with; fp8, after ready's barrier: the one step k was converted
-        from). The barrier orders it after every warp's use of the stage, so any warp may issue it."""
-        if self.warp == self.cfg.refill_warp:
+        """Warp cfg.refill_warp (-1: each step's in turn, Attn2Config.refill_warp), in step k after
+        the step's CTA barrier: ring step k_next = k + steps_ahead, if the CTA has it (< n_steps),
+        into its stage (bf16: the one step k - 1 read, which every warp is done with; fp8, after
+        ready's barrier: the one step k was converted from). The barrier orders it after every
+        warp's use of the stage, so any warp may issue it."""
+        owner = Int32(self.cfg.refill_warp)
+        if const_expr(self.cfg.refill_warp < 0):
+            if const_expr(self.cfg.q_len == 1):
+                owner = 1 + k_next % (THREADS // 32 - 1)
+            else:
+                owner = k_next % (THREADS // 32)
+        if self.warp == owner:
             if k_next < n_steps:
                 self.load_step(k_next, k_next % self.cfg.stages)
 

@@ -154,7 +154,8 @@ class Attn2Config:
     early_ring: bool = True    # the ring prologue's steps of rows older than the new tokens go out before the PDL wait
     fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
     page_box: bool = False     # fp8: one (16, 128) TMA box a page (its K and V rows together), not two (16, 64)
-    refill_warp: int = 0       # the warp that issues the ring's refills (at q_len 1 warp 0 alone runs the softmax)
+    refill_warp: int = 0       # the warp that issues the ring's refills; -1: step k's is warp k % 4 (q_len 1:
+    # 1 + k % 3, as warp 0 alone runs the softmax), since every CTA's warp 0 shares one scheduler
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -291,7 +292,7 @@ class Attn2Config:
         assert 2 * cfg.mma_stages * cfg.keys_per_step * HEAD_DIM * 2 >= M_TILE * HEAD_DIM * 4, cfg
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         assert fp8 or not page_box, cfg
-        assert 0 <= refill_warp < M_TILE // 16, cfg
+        assert -1 <= refill_warp < THREADS // 32, cfg
         return cfg
 
 
@@ -399,11 +400,12 @@ def ci_variants(max_seq_lens=(2048, 32768, 262144), fp8_max_seq_lens=(2048, 2621
 
 def dev_variants() -> list["Attn2Config"]:
     """Development knobs no deployment compiles, which CI compiles too: an FP8 cache's staging
-    ring read as one TMA box a page (Attn2Config.page_box), every layout at both q_lens; decode's
-    refills issued by warp 1 (Attn2Config.refill_warp), each layout."""
+    ring read as one TMA box a page (Attn2Config.page_box), every layout at both q_lens; the
+    refills issued by each warp in turn (Attn2Config.refill_warp -1), each layout and dtype."""
     return ([_config(q_len, 0, 32768, layout, fp8=True, page_box=True)
              for q_len in SUPPORTED_Q_LENS for layout in LAYOUTS]
-            + [_config(1, 0, 32768, layout, fp8=fp8, refill_warp=1) for layout in LAYOUTS for fp8 in (False, True)])
+            + [_config(q_len, 0, 32768, layout, fp8=fp8, refill_warp=-1)
+               for q_len in SUPPORTED_Q_LENS for layout in LAYOUTS for fp8 in (False, True)])
 
 
 def triggers_dependents(layout: str, pairs: int, n_chunks: int, wave: int) -> bool:
