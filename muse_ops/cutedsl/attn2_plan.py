@@ -155,7 +155,7 @@ class Attn2Config:
     fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
     page_box: bool = False     # fp8: one (16, 128) TMA box a page (its K and V rows together), not two (16, 64)
     refill_warp: int = 0       # the warp that issues the ring's refills; -1: step k's is warp k % 4 (q_len 1:
-    # 1 + k % 3, as warp 0 alone runs the softmax), since every CTA's warp 0 shares one scheduler
+    # 1 + k % 3, as warp 0 alone runs the softmax): docs/DESIGN.md section 11 says why (unmeasured)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
