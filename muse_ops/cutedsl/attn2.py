@@ -557,10 +557,8 @@ class KVRing:
         warp's use of the stage, so any warp may issue it."""
         owner = Int32(self.cfg.refill_warp)
         if const_expr(self.cfg.refill_warp < 0):
-            if const_expr(self.cfg.q_len == 1):
-                owner = 1 + k_next % (THREADS // 32 - 1)
-            else:
-                owner = k_next % (THREADS // 32)
+            first = 1 if self.cfg.q_len == 1 else 0     # decode: warp 0 runs the softmax alone
+            owner = first + k_next % (THREADS // 32 - first)
         if self.warp == owner:
             if k_next < n_steps:
                 self.load_step(k_next, k_next % self.cfg.stages)

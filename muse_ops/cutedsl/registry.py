@@ -5,6 +5,7 @@ Each family has a plan module (pure Python, importable anywhere) with
     can_implement(device, **variant) -> (ok, why)
     deployment_variants(**deployment) -> [config, ...]   every variant a deployment may launch
     ci_variants() -> [config, ...]                        what CI compiles on the CPU
+    dev_variants() -> [config, ...]                       development knobs, which CI compiles too
 and a kernel module (imports cutlass) with
     _compile(config, extra_options)                       cute.compile of one variant
 (launch.py compiles, loads and prepares variants through these; no module names a kernel module
@@ -66,3 +67,7 @@ def support(op: str, device: torch.device, **variant) -> tuple[bool, str]:
 
 def ci_variants(op: str) -> list:
     return family(op).plan_module().ci_variants()
+
+
+def dev_variants(op: str) -> list:
+    return family(op).plan_module().dev_variants()

@@ -17,20 +17,18 @@ replaces and fails if the kernel no longer holds it.
 import os
 import sys
 
-KERNEL = os.path.join(os.path.dirname(__file__), "..", "..", "muse_ops", "cutedsl", "attn2.py")
-OLD = "            page = stage * pages_per_step + p\n"
-NEW = ("            # the FP8 staging ring is (pages_per_step, stages): addressed by its coordinate\n"
-       "            page = (p, stage) if const_expr(self.cfg.fp8) else stage * pages_per_step + p\n")
+from step_parts import KERNEL, edited   # (this folder: the kernel's path and the anchored edit)
+
+EDIT = ("            page = stage * pages_per_step + p\n",
+        "            # the FP8 staging ring is (pages_per_step, stages): addressed by its coordinate\n"
+        "            page = (p, stage) if const_expr(self.cfg.fp8) else stage * pages_per_step + p\n")
 
 
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join("build", "attn2_coord.py")
-    with open(KERNEL) as f:
-        src = f.read()
-    assert src.count(OLD) == 1, "the kernel's load_step no longer names a page as stage * pages_per_step + p"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
-        f.write(src.replace(OLD, NEW))
+        f.write(edited(open(KERNEL).read(), [EDIT]))
     print(out)
 
 

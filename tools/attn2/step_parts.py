@@ -70,9 +70,10 @@ COPIES = {"noconv": NOCONV, "nosoftmax": NOSOFTMAX, "loads": LOADS}
 
 
 def edited(text: str, edits) -> str:
+    """text with each (old, new) edit applied; old must occur exactly once (tools/attn2's copies)."""
     for old, new in edits:
         if text.count(old) != 1:
-            raise SystemExit(f"step_parts: the kernel holds {text.count(old)} copies of:\n{old}")
+            raise SystemExit(f"the kernel holds {text.count(old)} copies of (update the edit):\n{old}")
         text = text.replace(old, new)
     return text
 
