@@ -57,6 +57,31 @@ def test_node_count_by_length():
     assert all(node_count(a) <= node_count(b) for a, b in zip(range(1, 4096), range(2, 4097)))   # monotonic
 
 
+def test_fp8_tree_and_decode_knobs():
+    """An FP8 cache's variants take a node per FP8_NODE_MIN_STEPS steps (a tree of their own, a
+    function of L only: a node per 128 steps from 256 steps, so L = 16384 has 2 nodes, not 4), and
+    FP8 decode FP8_DECODE_KNOBS; bf16 and FP8 verify keep the knobs off; an explicit argument
+    wins; the workspace a deployment sizes (workspace_bytes, bf16's tree) holds an FP8 variant's
+    partials (fewer or as many slots) and its counters (at the end)."""
+    assert A.FP8_NODE_MIN_STEPS == 128 and A.FP8_DECODE_KNOBS == {"page_box": True, "refill_warp": -1}
+    assert {L: A.node_count(L // 64, A.FP8_NODE_MIN_STEPS) for L in (4096, 8192, 12288, 16384, 32768, 65536)} == {
+        4096: 2, 8192: 2, 12288: 2, 16384: 2, 32768: 4, 65536: 8}
+    for q_len in (1, 8):
+        for layout in A.LAYOUTS:
+            bf16 = A.Attn2Config.create(q_len, 0, 1 << 17, layout)
+            fp8 = A.Attn2Config.create(q_len, 0, 1 << 17, layout, fp8=True)
+            assert (bf16.node_min_steps, fp8.node_min_steps) == (A.NODE_MIN_STEPS, A.FP8_NODE_MIN_STEPS)
+            assert (bf16.page_box, bf16.refill_warp) == (False, 0)
+            assert (fp8.page_box, fp8.refill_warp) == ((True, -1) if q_len == 1 else (False, 0))
+            assert A.Attn2Config.create(q_len, 0, 1 << 17, layout, fp8=True, node_min_steps=64,
+                                        page_box=False, refill_warp=0).node_min_steps == 64
+            assert fp8.slots <= bf16.slots
+            assert A.workspace_layout(fp8, 9, 2)[2] <= A.workspace_bytes(9, 2, q_len, 0, 1 << 17)
+            knobs = A.flipped_knobs(q_len, True)
+            assert knobs["page_box"] != fp8.page_box and (knobs["refill_warp"] < 0) != (fp8.refill_warp < 0)
+        assert "page_box" not in A.flipped_knobs(q_len, False)
+
+
 def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
     """Every launch follows a qkv_front that triggers early, so it takes the smallest cap of CTAs
     an SM (below what its registers allow) under which its grid fits one wave; the cap's shared

@@ -528,7 +528,10 @@ class KVRing:
             src = phys
             if phys < 0:
                 src = self.num_pages
-            page = stage * pages_per_step + p
+            # the FP8 staging ring is (pages_per_step, stages) (staging_layout): its coordinate
+            # names the place its index would, without CuTe dividing the index back into it (an
+            # 8-bit div/mod a page in warp 0's refill)
+            page = (p, stage) if const_expr(self.cfg.fp8) else stage * pages_per_step + p
             cute.copy(self.tma_atom, self.tKVg[None, 0, 0, self.kv_head, src], self.tKs[None, page],
                       tma_bar_ptr=self.full + stage)
             if const_expr(not self.cfg.page_box):   # (page_box: the box above held the whole page)

@@ -35,6 +35,14 @@ NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); cho
 # was slower. The tree is a function of a request's own L only, so its bits do not depend on the
 # batch. Measured: RESULTS.md.
 NODE_MIN_STEPS = 64    # ring steps per node from the third node on
+# An FP8 cache's tree: a node per 128 steps. Its steps are half a bf16 step's bytes, so at 64 a
+# CTA's chunk of 4 steps streams only 16 KB and a large batch pays its fixed costs (page table,
+# prologue, merges) on twice the CTAs; at 128 a CTA has bf16's bytes. Faster at B >= 64 from
+# L = 12288 (6-10%) and wherever the wide layout runs (B=8 L=32768 19%), slower where the deep
+# grid then holds about two CTAs an SM (B=16-32 at L = 12288-16384, 14-20%): RESULTS.md,
+# forty-seventh session. It is another tree from L = 12288 to 65535 than a node per 64 steps
+# (other bits than before; an FP8 cache's bits were never a bf16 cache's), a function of L only.
+FP8_NODE_MIN_STEPS = 128
 TWO_NODE_STEPS = 64    # ring steps from which a request has two nodes
 WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head) pairs per launch
                        # (at 24 pairs wide beats deep at L=4096 and 8192, not at L=16384: RESULTS.md)
@@ -77,6 +85,14 @@ CAPPED_RING_STAGES = {1: 3, 2: 3}
 # or 4 (deep): the cap leaves the registers free anyway. Verify (q_len 8) only: decode was not
 # faster with it (RESULTS.md).
 CAPPED_REGISTER_Q_LENS = (8,)
+
+
+# FP8 decode (q_len 1) takes one TMA box a page and its refills from warps 1..3 in turn: warp 0
+# alone runs decode's softmax, and the loads of its refills were on the path every step waits
+# for. 1-3% faster each, together 2-4% at every decode case measured; in verify (q_len 8), where
+# every warp runs a softmax, each was 1-3% slower. Neither changes the bits (RESULTS.md,
+# forty-seventh session; tests/test_attn2_cutedsl.py, test_development_knobs_bit_identical).
+FP8_DECODE_KNOBS = {"page_box": True, "refill_warp": -1}
 
 
 def occupancy_caps(layout: str) -> range:
@@ -155,7 +171,7 @@ class Attn2Config:
     fp8: bool = False          # a float8_e4m3fn cache: e4m3 pages staged by TMA, to f16 in smem for f16 wgmmas (KVRing)
     page_box: bool = False     # fp8: one (16, 128) TMA box a page (its K and V rows together), not two (16, 64)
     refill_warp: int = 0       # the warp that issues the ring's refills; -1: step k's is warp k % 4 (q_len 1:
-    # 1 + k % 3, as warp 0 alone runs the softmax): docs/DESIGN.md section 11 says why (unmeasured)
+    # 1 + k % 3, as warp 0 alone runs the softmax). Both: FP8 decode's defaults (FP8_DECODE_KNOBS)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -246,14 +262,15 @@ class Attn2Config:
                pdl: bool = True, node_min_steps: int | None = None,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
-               early_ring: bool = True, fp8: bool = False, page_box: bool = False,
-               refill_warp: int = 0) -> "Attn2Config":
+               early_ring: bool = True, fp8: bool = False, page_box: bool | None = None,
+               refill_warp: int | None = None) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
         # in keys; a dev knob) was slower: bench/RESULTS.md. early_ring (the prologue's old rows
         # before the PDL wait) is on by default (RESULTS.md); none of these changes the bits.
-        # fp8: the same variants over an e4m3 cache (its ring: KVRing in attn2.py)
+        # fp8: the same variants over an e4m3 cache (its ring: KVRing in attn2.py), with its own
+        # tree (FP8_NODE_MIN_STEPS) and, in decode, FP8_DECODE_KNOBS; None: those defaults
         assert layout in LAYOUTS, layout
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
@@ -265,7 +282,12 @@ class Attn2Config:
             layout = "deep"       # with one chunk per sub the wide layout is the deep one
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
         if node_min_steps is None:
-            node_min_steps = NODE_MIN_STEPS
+            node_min_steps = FP8_NODE_MIN_STEPS if fp8 else NODE_MIN_STEPS
+        decode_fp8 = fp8 and q_len == 1
+        if page_box is None:
+            page_box = decode_fp8 and FP8_DECODE_KNOBS["page_box"]
+        if refill_warp is None:
+            refill_warp = FP8_DECODE_KNOBS["refill_warp"] if decode_fp8 else 0
         plans = [split_plan(n, per_sub, node_min_steps, two_node_steps)
                  for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
@@ -398,14 +420,25 @@ def ci_variants(max_seq_lens=(2048, 32768, 262144), fp8_max_seq_lens=(2048, 2621
     return bf16 + fp8
 
 
+def flipped_knobs(q_len: int, fp8: bool) -> dict:
+    """The development knobs set the other way from a variant's default (Attn2Config.create):
+    page_box (FP8 only) and refill_warp, each between its two settings; what dev_variants compiles
+    and the GPU test of the knobs' bits runs against the default."""
+    default = _config(q_len, 0, 32768, fp8=fp8)
+    knobs = {"refill_warp": 0 if default.refill_warp < 0 else -1}
+    if fp8:
+        knobs["page_box"] = not default.page_box
+    return knobs
+
+
 def dev_variants() -> list["Attn2Config"]:
-    """Development knobs no deployment compiles, which CI compiles too: an FP8 cache's staging
-    ring read as one TMA box a page (Attn2Config.page_box), every layout at both q_lens; the
-    refills issued by each warp in turn (Attn2Config.refill_warp -1), each q_len, layout and dtype
-    once (four variants: CI compiles these in one process)."""
-    return ([_config(q_len, 0, 32768, layout, fp8=True, page_box=True)
+    """Development knobs no deployment compiles, which CI compiles too (flipped_knobs): an FP8
+    cache's staging ring read the other way (Attn2Config.page_box), every layout at both q_lens;
+    the refills issued the other way (Attn2Config.refill_warp), each q_len, layout and dtype once
+    (four variants: CI compiles these in one process)."""
+    return ([_config(q_len, 0, 32768, layout, fp8=True, page_box=flipped_knobs(q_len, True)["page_box"])
              for q_len in SUPPORTED_Q_LENS for layout in LAYOUTS]
-            + [_config(q_len, 0, 32768, layout, fp8=fp8, refill_warp=-1)
+            + [_config(q_len, 0, 32768, layout, fp8=fp8, refill_warp=flipped_knobs(q_len, fp8)["refill_warp"])
                for q_len, layout, fp8 in ((1, "deep", True), (8, "wide", True), (8, "deep", False), (1, "wide", False))])
 
 
