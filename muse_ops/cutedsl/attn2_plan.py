@@ -380,7 +380,8 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
 def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
     """Bytes for calls of up to num_requests requests (every layout uses the same slots; the
     counters sit at the end, so any smaller batch finds its counters where they were; an FP8
-    cache's variants use the same layout)."""
+    cache's variants need no more: their tree, a node per FP8_NODE_MIN_STEPS >= NODE_MIN_STEPS
+    steps, has at most as many slots, and their counters sit at the same end)."""
     return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
 
