@@ -1369,8 +1369,8 @@ class Attn2Sm90:
                                 partial.take(chunk)
                         else:
                             partial.fold_in(chunk, fw)
-        if const_expr(self.wide and self.second_accumulator):
-            return thr_pv, (partial, chunk)     # the CTA's two chunks, in order
+        if const_expr(self.cfg.partials_per_cta > 1):
+            return thr_pv, (partial, chunk)     # a two-chunk wide CTA's chunks, in order
         return thr_pv, (partial,)
 
     @cute.jit

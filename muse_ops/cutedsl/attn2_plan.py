@@ -95,6 +95,12 @@ CAPPED_REGISTER_Q_LENS = (8,)
 FP8_DECODE_KNOBS = {"page_box": True, "refill_warp": -1}
 
 
+def default_knobs(q_len: int, fp8: bool) -> dict:
+    """The development knobs' settings a variant takes unless told (Attn2Config.create):
+    FP8_DECODE_KNOBS for FP8 decode, both off elsewhere."""
+    return dict(FP8_DECODE_KNOBS) if fp8 and q_len == 1 else {"page_box": False, "refill_warp": 0}
+
+
 def occupancy_caps(layout: str) -> range:
     """Every cap a launch of this layout may take (0: none)."""
     return range(OCCUPANCY_MAX_CAP[layout] + 1)
@@ -292,11 +298,11 @@ class Attn2Config:
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
         if node_min_steps is None:
             node_min_steps = FP8_NODE_MIN_STEPS if fp8 else NODE_MIN_STEPS
-        decode_fp8 = fp8 and q_len == 1
+        defaults = default_knobs(q_len, fp8)
         if page_box is None:
-            page_box = decode_fp8 and FP8_DECODE_KNOBS["page_box"]
+            page_box = defaults["page_box"]
         if refill_warp is None:
-            refill_warp = FP8_DECODE_KNOBS["refill_warp"] if decode_fp8 else 0
+            refill_warp = defaults["refill_warp"]
         plans = [split_plan(n, per_sub, node_min_steps, two_node_steps)
                  for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
@@ -440,13 +446,13 @@ def ci_variants(max_seq_lens=(2048, 32768, 262144), fp8_max_seq_lens=(2048, 2621
 
 
 def flipped_knobs(q_len: int, fp8: bool) -> dict:
-    """The development knobs set the other way from a variant's default (Attn2Config.create):
+    """The development knobs set the other way from a variant's default (default_knobs):
     page_box (FP8 only) and refill_warp, each between its two settings; what dev_variants compiles
     and the GPU test of the knobs' bits runs against the default."""
-    default = _config(q_len, 0, 32768, fp8=fp8)
-    knobs = {"refill_warp": 0 if default.refill_warp < 0 else -1}
+    default = default_knobs(q_len, fp8)
+    knobs = {"refill_warp": 0 if default["refill_warp"] < 0 else -1}
     if fp8:
-        knobs["page_box"] = not default.page_box
+        knobs["page_box"] = not default["page_box"]
     return knobs
 
 
