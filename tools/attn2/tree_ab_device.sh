@@ -9,19 +9,33 @@
 #                       at L=16384) and loss (B=16-32)
 #   bf16_w2 / fp8_w2    the plan's tree in the two-chunk wide layout (Attn2Config.wide_chunks 2: wide's
 #                       bits on half its CTAs, deep's registers), where deep runs about two CTAs an SM
-# verify at L=16384 B=128, 64, 32, 16; L=32768 B=16, 8; L=12288 B=16; decode at L=16384 B=128 and 32
-# and L=32768 B=8 (one call of under 600 s, estimated: each case compiles its variants' caps).
-#   bash tools/attn2/tree_ab_device.sh
+# Two calls of under 600 s each (each case compiles its variants' caps):
+#   PART=1 bash tools/attn2/tree_ab_device.sh    the two-chunk layout's GPU bit test
+#            (test_development_knobs_bit_identical -k wide_chunks); decode at L=16384 B=128 and 32 and
+#            L=32768 B=8; verify where the wide layout runs today (B=1 L=8192, B=8 L=8192, B=4 L=32768),
+#            the plan's wide beside the two-chunk one
+#   PART=2 bash tools/attn2/tree_ab_device.sh    verify at L=16384 B=128, 64, 32, 16; L=32768 B=16, 8;
+#            L=12288 B=16
 . .device/prelude.sh && . tools/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
 export AB_ROUNDS=3 PYTHONUNBUFFERED=1
 V='("bf16", None, {}), ("bf16_nms128", None, {"node_min_steps": 128}), ("bf16_w2", None, {"layout": "wide", "wide_chunks": 2}), ("fp8", None, {"fp8": 1}), ("fp8_nms64", None, {"fp8": 1, "node_min_steps": 64}), ("fp8_w2", None, {"fp8": 1, "layout": "wide", "wide_chunks": 2})'
 T='["bf16", "bf16_nms128", "fp8", "fp8_nms64"]'    # the trees only (B=128: the two-chunk layout has no case there)
-C="[(128,16384,0,$T),(64,16384,0,None),(32,16384,0,None),(16,16384,0,None),(16,32768,0,None),(8,32768,0,None),(16,12288,0,None)]"
-AB_VARIANTS="[$V]" AB_CASES="$C" timeout 360 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/tree_ab_verify.log
-echo "verify"; grep -E "^AB|Error|Traceback" $OUT/tree_ab_verify.log
-AB_QLEN=1 AB_VARIANTS="[$V]" AB_CASES="[(128,16384,0,$T),(32,16384,0,None),(8,32768,0,None)]" \
-  timeout 180 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/tree_ab_decode.log
-echo "decode"; grep -E "^AB|Error|Traceback" $OUT/tree_ab_decode.log
+W='["bf16", "bf16_w2", "fp8", "fp8_w2"]'           # the layouts only (where the plan runs wide)
+if [ "${PART:-1}" = 1 ]; then
+  timeout 200 python3 -m pytest -q tests/test_attn2_cutedsl.py -k "development_knobs and wide_chunks" 2>&1 \
+    | grep -Ev "$F" > $OUT/wide_chunks_tests.log
+  echo "tests"; tail -4 $OUT/wide_chunks_tests.log
+  AB_QLEN=1 AB_VARIANTS="[$V]" AB_CASES="[(128,16384,0,$T),(32,16384,0,None),(8,32768,0,None)]" \
+    timeout 170 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/tree_ab_decode.log
+  echo "decode"; grep -E "^AB|Error|Traceback" $OUT/tree_ab_decode.log
+  AB_VARIANTS="[$V]" AB_CASES="[(1,8192,0,$W),(8,8192,0,$W),(4,32768,0,$W)]" \
+    timeout 130 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/tree_ab_wide.log
+  echo "verify, wide"; grep -E "^AB|Error|Traceback" $OUT/tree_ab_wide.log
+else
+  C="[(128,16384,0,$T),(64,16384,0,None),(32,16384,0,None),(16,16384,0,None),(16,32768,0,None),(8,32768,0,None),(16,12288,0,None)]"
+  AB_VARIANTS="[$V]" AB_CASES="$C" timeout 480 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/tree_ab_verify.log
+  echo "verify"; grep -E "^AB|Error|Traceback" $OUT/tree_ab_verify.log
+fi
 true
