@@ -46,37 +46,39 @@ def test_deployment_maxima_bound_every_length(q_len, window, max_seq_len):
 
 
 def test_node_count_by_length():
-    """Nodes by L (4 pages = 64 keys a step): one below 64 steps, two from 64, then a node per 64
-    steps up to NODES_MAX; (32, 64) gives the tree of a node per 32 steps (the nineteenth run's
-    A/B baseline)."""
+    """Nodes by L (4 pages = 64 keys a step): one below 64 steps, two from 64, then a node per 128
+    steps up to NODES_MAX (a node per 64 steps until the forty-eighth session; (32, 64), a node per
+    32 steps, the nineteenth run's A/B baseline)."""
     node_count = A.node_count
-    steps = {L: L // 64 for L in (1024, 2048, 4096, 6144, 8192, 12288, 16384, 32768, 65536)}
+    steps = {L: L // 64 for L in (1024, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 65536, 131072)}
+    assert A.NODE_MIN_STEPS == 128
     assert {L: node_count(n) for L, n in steps.items()} == {
-        1024: 1, 2048: 1, 4096: 2, 6144: 2, 8192: 2, 12288: 3, 16384: 4, 32768: 8, 65536: 8}
-    assert all(node_count(n, 32, 64) == max(1, min(A.NODES_MAX, n // 32)) for n in range(1, 4097))
+        1024: 1, 2048: 1, 4096: 2, 6144: 2, 8192: 2, 12288: 2, 16384: 2, 24576: 3, 32768: 4, 65536: 8, 131072: 8}
+    assert {L: node_count(n, 64) for L, n in steps.items() if L >= 12288} == {
+        12288: 3, 16384: 4, 24576: 6, 32768: 8, 65536: 8, 131072: 8}
+    for nms in (32, 64, 128):
+        assert all(node_count(n, nms, 64) == max(1, min(A.NODES_MAX, max(n // nms, 2 * (n >= 64))))
+                   for n in range(1, 4097))
     assert all(node_count(a) <= node_count(b) for a, b in zip(range(1, 4096), range(2, 4097)))   # monotonic
 
 
-def test_fp8_tree_and_decode_knobs():
-    """An FP8 cache's variants take a node per FP8_NODE_MIN_STEPS steps (a tree of their own, a
-    function of L only: a node per 128 steps from 256 steps, so L = 16384 has 2 nodes, not 4), and
-    FP8 decode FP8_DECODE_KNOBS; bf16 and FP8 verify keep the knobs off; an explicit argument
-    wins; the workspace a deployment sizes (workspace_bytes, bf16's tree) holds an FP8 variant's
-    partials (fewer or as many slots) and its counters (at the end)."""
-    assert A.FP8_NODE_MIN_STEPS == 128 and A.FP8_DECODE_KNOBS == {"page_box": True, "refill_warp": -1}
-    assert {L: A.node_count(L // 64, A.FP8_NODE_MIN_STEPS) for L in (4096, 8192, 12288, 16384, 32768, 65536)} == {
-        4096: 2, 8192: 2, 12288: 2, 16384: 2, 32768: 4, 65536: 8}
+def test_one_tree_for_both_dtypes_and_fp8_decode_knobs():
+    """Both cache dtypes take the same tree (NODE_MIN_STEPS; an FP8 cache had a tree of its own in
+    the forty-seventh session, bf16's since), and FP8 decode FP8_DECODE_KNOBS; bf16 and FP8 verify
+    keep the knobs off; an explicit argument wins; the workspace a deployment sizes
+    (workspace_bytes) holds an FP8 variant's partials and counters."""
+    assert A.FP8_DECODE_KNOBS == {"page_box": True, "refill_warp": -1}
     for q_len in (1, 8):
         for layout in A.LAYOUTS:
             bf16 = A.Attn2Config.create(q_len, 0, 1 << 17, layout)
             fp8 = A.Attn2Config.create(q_len, 0, 1 << 17, layout, fp8=True)
-            assert (bf16.node_min_steps, fp8.node_min_steps) == (A.NODE_MIN_STEPS, A.FP8_NODE_MIN_STEPS)
+            assert bf16.node_min_steps == fp8.node_min_steps == A.NODE_MIN_STEPS
+            assert (bf16.nodes_max, bf16.chunk_max, bf16.slots) == (fp8.nodes_max, fp8.chunk_max, fp8.slots)
             assert (bf16.page_box, bf16.refill_warp) == (False, 0)
             assert (fp8.page_box, fp8.refill_warp) == ((True, -1) if q_len == 1 else (False, 0))
             assert A.Attn2Config.create(q_len, 0, 1 << 17, layout, fp8=True, node_min_steps=64,
                                         page_box=False, refill_warp=0).node_min_steps == 64
-            assert fp8.slots <= bf16.slots
-            assert A.workspace_layout(fp8, 9, 2)[2] <= A.workspace_bytes(9, 2, q_len, 0, 1 << 17)
+            assert A.workspace_layout(fp8, 9, 2)[2] == A.workspace_bytes(9, 2, q_len, 0, 1 << 17)
             knobs = A.flipped_knobs(q_len, True)
             assert knobs["page_box"] != fp8.page_box and (knobs["refill_warp"] < 0) != (fp8.refill_warp < 0)
         assert "page_box" not in A.flipped_knobs(q_len, False)
@@ -119,7 +121,7 @@ def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
     assert cap(128, 2, sms, 3) == 1 and cap(264, 2, sms, 3) == 2 and cap(396, 2, sms, 3) == 3
     assert cap(397, 2, sms, 3) == 0 and cap(16, 4, 0, 4) == 0          # no GPU known
     # the bench's launches at Hkv 2 (requests, q_len, window, max_seq_len) -> cap
-    launches = {(1, 8, 0, 8192): 1, (2, 8, 0, 8192): 2, (1, 8, 0, 16384): 2, (1, 8, 2048, 8192): 1,
+    launches = {(1, 8, 0, 8192): 1, (2, 8, 0, 8192): 2, (1, 8, 0, 16384): 1, (1, 8, 2048, 8192): 1,
                 (2, 8, 2048, 8192): 1, (16, 1, 0, 8192): 1, (4, 1, 0, 8192): 3, (8, 8, 0, 8192): 0, (6, 8, 0, 8192): 4,
                 (16, 8, 0, 8192): 1, (32, 8, 0, 8192): 2, (48, 8, 0, 8192): 3, (64, 8, 0, 8192): 0,
                 (8, 8, 2048, 8192): 2, (64, 8, 2048, 8192): 2, (128, 8, 0, 8192): 0}

@@ -28,21 +28,18 @@ WINDOW_SUB_CHUNKS = 4  # the same with a window (sub_chunks)
 NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); chosen over 16 and 4
                        # across batch sizes, since the tree cannot depend on the batch (RESULTS.md)
 # Nodes of a request (split_plan): one below TWO_NODE_STEPS ring steps, two from there, then one
-# per NODE_MIN_STEPS steps, so from L = 8192 a chunk is 4 steps (256 keys). A node per 64 steps
-# instead of 32 halves a request's chunks and subs, so a batch runs in fewer waves of CTAs; it is
-# slower where neither layout fills the GPU with the longer chunks (a single request, B=16-24 at
-# L=8192). From 64 to 127 steps (L = 4096-8191) two nodes, as before at L = 4096, where one node
-# was slower. The tree is a function of a request's own L only, so its bits do not depend on the
-# batch. Measured: RESULTS.md.
-NODE_MIN_STEPS = 64    # ring steps per node from the third node on
-# An FP8 cache's tree: a node per 128 steps. Its steps are half a bf16 step's bytes, so at 64 a
-# CTA's chunk of 4 steps streams only 16 KB and a large batch pays its fixed costs (page table,
-# prologue, merges) on twice the CTAs; at 128 a CTA has bf16's bytes. Faster at B >= 64 from
-# L = 12288 (6-10%) and wherever the wide layout runs (B=8 L=32768 19%), slower where the deep
-# grid then holds about two CTAs an SM (B=16-32 at L = 12288-16384, 14-20%): RESULTS.md,
-# forty-seventh session. It is another tree from L = 12288 to 65535 than a node per 64 steps
-# (other bits than before; an FP8 cache's bits were never a bf16 cache's), a function of L only.
-FP8_NODE_MIN_STEPS = 128
+# per NODE_MIN_STEPS steps, at most NODES_MAX: chunks of 4 steps (256 keys) at L = 8192, 8 from
+# L = 16384 to 65535, longer beyond. Both cache dtypes share the tree. A node per 128 steps
+# instead of 64 (64 until the forty-eighth session; 32 before the nineteenth run) halves a long
+# request's chunks and subs: a large batch runs half the CTAs, each paying its page table,
+# prologue and merges once for twice the keys, and the wide layout's chunks are no longer too
+# short for those costs. Faster from L = 12288 at B >= 32 (bf16 2-4%, FP8 12-15% at B >= 64) and
+# where the wide layout runs long requests (B=8 L=32768: bf16 15%, FP8 19%); slower where the
+# deep grid then holds about one CTA an SM (B=16 at L = 12288-16384: bf16 8-13%, FP8 up to 42%):
+# RESULTS.md, forty-seventh and forty-eighth sessions. From 64 to 127 steps (L = 4096-8191) two
+# nodes, as at L = 4096 one node was slower. The tree is a function of a request's own L only, so
+# its bits do not depend on the batch.
+NODE_MIN_STEPS = 128   # ring steps per node from the third node on
 TWO_NODE_STEPS = 64    # ring steps from which a request has two nodes
 WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head) pairs per launch
                        # (at 24 pairs wide beats deep at L=4096 and 8192, not at L=16384: RESULTS.md)
@@ -282,8 +279,8 @@ class Attn2Config:
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
         # in keys; a dev knob) was slower: bench/RESULTS.md. early_ring (the prologue's old rows
         # before the PDL wait) is on by default (RESULTS.md); none of these changes the bits.
-        # fp8: the same variants over an e4m3 cache (its ring: KVRing in attn2.py), with its own
-        # tree (FP8_NODE_MIN_STEPS) and, in decode, FP8_DECODE_KNOBS; None: those defaults
+        # fp8: the same variants and tree over an e4m3 cache (its ring: KVRing in attn2.py), with
+        # FP8_DECODE_KNOBS in decode; None: those defaults
         assert layout in LAYOUTS, layout
         if window > 0:
             vis_pages = (window + q_len - 2) // PAGE_SIZE + 2
@@ -297,7 +294,7 @@ class Attn2Config:
             wide_chunks = 1
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
         if node_min_steps is None:
-            node_min_steps = FP8_NODE_MIN_STEPS if fp8 else NODE_MIN_STEPS
+            node_min_steps = NODE_MIN_STEPS
         defaults = default_knobs(q_len, fp8)
         if page_box is None:
             page_box = defaults["page_box"]
@@ -404,8 +401,7 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
 def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
     """Bytes for calls of up to num_requests requests (every layout uses the same slots; the
     counters sit at the end, so any smaller batch finds its counters where they were; an FP8
-    cache's variants need no more: their tree, a node per FP8_NODE_MIN_STEPS >= NODE_MIN_STEPS
-    steps, has at most as many slots, and their counters sit at the same end)."""
+    cache's variants have the same tree, slots and counters)."""
     return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
 
