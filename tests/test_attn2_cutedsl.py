@@ -472,21 +472,19 @@ def test_fp8_layouts_and_caps_bit_identical(q_len, window):
 
 
 @gpu
-@pytest.mark.parametrize("knob,fp8", [("page_box", True), ("refill_warp", True), ("refill_warp", False),
-                                      ("wide_chunks", True), ("wide_chunks", False)],
-                         ids=["page_box", "refill_warp", "refill_warp_bf16", "wide_chunks", "wide_chunks_bf16"])
+@pytest.mark.parametrize("knob,fp8", [("page_box", True), ("refill_warp", True), ("refill_warp", False)],
+                         ids=["page_box", "refill_warp", "refill_warp_bf16"])
 @pytest.mark.parametrize("q_len,window", [(8, 0), (1, 0), (8, 2048)])
 def test_development_knobs_bit_identical(q_len, window, knob, fp8):
-    """Development knobs that only move work between TMA boxes, warps or CTAs give the kernel's
-    bits in both layouts, set the other way from the variant's default (attn2_plan.flipped_knobs;
-    FP8 decode defaults to both, attn2_plan.FP8_DECODE_KNOBS): Attn2Config.page_box (one TMA box
-    a page, each staging row its K then its V bytes, or two) and refill_warp (each step's refill
-    issued by another warp in turn, or by warp 0); and wide_chunks 2 (a wide CTA runs two chunks
-    and hands its cluster both partials; deep ignores it). Requests of 1 to many ring steps, tail
-    pages, NaN bytes in unused pages and rows past L, within tolerance of float64, error flag and
+    """Development knobs that only move work between TMA boxes or warps give the kernel's bits in
+    both layouts, set the other way from the variant's default (attn2_plan.flipped_knobs; FP8
+    decode defaults to both, attn2_plan.FP8_DECODE_KNOBS): Attn2Config.page_box (one TMA box a
+    page, each staging row its K then its V bytes, or two) and refill_warp (each step's refill
+    issued by another warp in turn, or by warp 0). Requests of 1 to many ring steps, tail pages,
+    NaN bytes in unused pages and rows past L, within tolerance of float64, error flag and
     counters at zero."""
     A = _kernel()
-    knobs = {"wide_chunks": 2} if knob == "wide_chunks" else {knob: attn2_plan.flipped_knobs(q_len, fp8)[knob]}
+    knobs = {knob: attn2_plan.flipped_knobs(q_len, fp8)[knob]}
     msl, hkv = 1 << 15, 2
     lens = [q_len, 15 + q_len, 64, 65, 200, 1000, 3001, 5000, 12345, 32768]
     if fp8:

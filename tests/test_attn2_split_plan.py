@@ -84,28 +84,6 @@ def test_one_tree_for_both_dtypes_and_fp8_decode_knobs():
         assert "page_box" not in A.flipped_knobs(q_len, False)
 
 
-@pytest.mark.parametrize("window", [0, 2048])
-@pytest.mark.parametrize("fp8", [False, True])
-def test_two_chunk_wide_layout(window, fp8):
-    """Attn2Config.wide_chunks 2 (a development knob): a wide CTA runs two chunks, so a sub's
-    cluster has half the CTAs and each CTA's page-table slice twice the entries; it holds deep's
-    second accumulator (4 CTAs an SM) and hands its cluster two partials, the second in the V ring
-    (bf16) or the staging ring (fp8), each at least the 16 KB a partial takes; the same workspace
-    as the one-chunk layout; deep ignores the knob."""
-    one = A.Attn2Config.create(8, window, 1 << 17, "wide", fp8=fp8)
-    two = A.Attn2Config.create(8, window, 1 << 17, "wide", fp8=fp8, wide_chunks=2)
-    assert two.cluster_size * 2 == one.cluster_size == one.sub_chunks
-    assert (two.chunks_per_cta, two.partials_per_cta, one.partials_per_cta) == (2, 2, 1)
-    assert two.page_table_max == 2 * one.page_table_max and two.min_blocks == 4 and one.min_blocks == 5
-    assert two.max_clusters == one.max_clusters and two.slots == one.slots
-    assert A.workspace_layout(two, 5, 2) == A.workspace_layout(one, 5, 2)
-    second = two.staging_bytes if fp8 else two.mma_stages * two.keys_per_step * A.HEAD_DIM * 2
-    assert second >= A.M_TILE * A.HEAD_DIM * 4
-    assert A.Attn2Config.create(8, window, 1 << 17, "deep", fp8=fp8, wide_chunks=2).wide_chunks == 1
-    with pytest.raises(AssertionError):
-        A.Attn2Config.create(8, window, 1 << 17, "wide", fp8=fp8, wide_chunks=3)
-
-
 def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
     """Every launch follows a qkv_front that triggers early, so it takes the smallest cap of CTAs
     an SM (below what its registers allow) under which its grid fits one wave; the cap's shared

@@ -1,7 +1,8 @@
-# GPU machine (carry .device): an FP8 cache's plan (attn2_plan: FP8_NODE_MIN_STEPS, FP8_DECODE_KNOBS)
+# GPU machine (carry .device): an FP8 cache's plan (attn2_plan: NODE_MIN_STEPS, FP8_DECODE_KNOBS)
 # beside its alternatives, with tools/attn2/ab.py (3 rounds, interleaved; bits compared):
 #   fp8        the plan's variant
-#   nms64      bf16's tree (a node per 64 steps; another tree: other bits from L = 12288 to 65535)
+#   nms64      a node per 64 steps (bf16's tree until the forty-eighth session; other bits from L = 12288
+#              to 65535)
 #   flip_pb    Attn2Config.page_box the other way (verify: one box a page; decode: two)
 #   flip_rot   Attn2Config.refill_warp the other way (verify: each warp in turn; decode: warp 0)
 # verify at B=128 L=16384, B=16 L=65536, B=64 and B=32 L=16384, B=8 L=32768, B=16 L=12288; decode at
