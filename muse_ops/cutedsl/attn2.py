@@ -83,11 +83,6 @@ S_PER_PAGE = 8
 
 
 # ------------------------------------------------------------------------------------ device
-def _first_chunk(cfg: Attn2Config, split):
-    """A wide CTA's first chunk in its request's tree: its split, times wide_chunks."""
-    return split if cfg.wide_chunks == 1 else split * cfg.wide_chunks
-
-
 @cute.jit
 def _pt_entry(lp: Int32, phys: Int32, last_page: Int32, width: Int32, num_pages: Int32,
               mErr: cute.Tensor) -> Int32:
@@ -300,9 +295,8 @@ class ReductionTree:
     I = (m = -1e30, l = 0, O = 0); a sub is the left fold of its chunks; a node is
     fold(fold(I, sub 2i), sub 2i + 1) (a missing sub is I); the output is the flat sum of the
     nodes weighted by ex2(m - M), M the largest node max. CTA split computes the chunks_per_cta
-    chunks from chunk split * chunks_per_cta: wide, chunk split (rank of sub cluster; with
-    wide_chunks 2, chunks 2 split and 2 split + 1); deep, sub split (rank of node cluster).
-    Every thread holds the same values."""
+    chunks from chunk split * chunks_per_cta: wide, chunk split (rank of sub cluster); deep, sub
+    split (rank of node cluster). Every thread holds the same values."""
     seq_len: Int32       # L
     first_page: Int32    # first visible page (window) or 0
     last_page: Int32     # the page of key L - 1
@@ -366,10 +360,10 @@ class ReductionTree:
         return (chunk + 1) * self.n_steps // self.n_chunks - k_begin
 
     @cute.jit
-    def has_chunk(self, chunk_in_sub: int) -> Int32:
-        """Wide: 1 where chunk `chunk_in_sub` of this CTA's sub exists (is below n_chunks), else 0
-        (cluster rank r holds chunks r * wide_chunks ..)."""
-        return Int32(self.cluster * self.cfg.sub_chunks + chunk_in_sub < self.n_chunks)
+    def has_chunk(self, rank: int) -> Int32:
+        """Wide: 1 where the chunk of cluster rank `rank` in this CTA's sub exists (is below
+        n_chunks), else 0."""
+        return Int32(self.cluster * self.cfg.sub_chunks + rank < self.n_chunks)
 
 
 @dataclass(frozen=True)
@@ -409,7 +403,6 @@ class KVRing:
     warp: Int32          # warp 0 issues the loads
     cfg: Attn2Config
     src8: Int32 | None   # fp8: shared address of this thread's first 8 bytes of staging stage 0
-    s8: cute.Tensor | None   # fp8: the staging ring (bytes)
     dst16: Int32 | None  # fp8: shared address of its first 16-byte f16 piece in sK (128 B swizzle applied)
 
     @staticmethod
@@ -471,7 +464,7 @@ class KVRing:
         tVs, _ = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sVp, 0, 2),
                                        cute.group_modes(gKV, 0, 2))
         return KVRing(tma_atom, tKVg, tKs, tVs, sK, sV, full, sPT, cta.kv_head, num_pages, cta.tidx, cta.warp, cfg,
-                      src8, s8, dst16)
+                      src8, dst16)
 
     @cute.jit
     def init_barriers(self):
@@ -503,12 +496,12 @@ class KVRing:
         guess_warp = Int32(-1)
         if const_expr(self.cfg.wide):
             for guess in cutlass.range_constexpr(THREADS // 32 - 1, -1, -1):   # a guess per warp
-                off = page_base - (guess + 1) * _first_chunk(self.cfg, cta.split) * pages_per_step
+                off = page_base - (guess + 1) * cta.split * pages_per_step
                 if Int32(off >= 0) * Int32(off + n_pt <= 32) != 0:
                     guess_warp = Int32(guess)
         if guess_warp >= 0:
             if cta.warp == guess_warp:
-                d = page_base - (cta.warp + 1) * _first_chunk(self.cfg, cta.split) * pages_per_step
+                d = page_base - (cta.warp + 1) * cta.split * pages_per_step
                 phys = cute.arch.shuffle_sync(pt_guess, cutlass.min(cta.lane + d, Int32(31)))
                 if cta.lane < n_pt:
                     sPT[cta.lane] = _pt_entry(page_base + cta.lane, phys, tree.last_page, width, self.num_pages, mErr)
@@ -661,18 +654,12 @@ class KVRing:
             cute.arch.sync_threads()
 
     @cute.jit
-    def merge_buffer(self, index: cutlass.Constexpr[int] = 0) -> cute.Tensor:
+    def merge_buffer(self) -> cute.Tensor:
         """After the main loop (and a CTA barrier: no wgmma reads the ring any more): the ring's
-        bytes as the fp32 [64, 64] merge buffer sX of the CTA's partial `index`. Partial 0 lies
-        over the K ring and, when that is smaller than 16 KB, the V ring allocated right after it
-        (both 1 KB multiples); partial 1 (a two-chunk wide CTA's second) over the V ring (bf16:
-        16 KB from 2 stages) or the e4m3 staging ring (fp8). Attn2Config.create checks the sizes."""
-        base = self.sK.iterator
-        if const_expr(index == 1):
-            base = self.sV.iterator
-            if const_expr(self.cfg.fp8):
-                base = self.s8.iterator
-        return cute.make_tensor(cute.recast_ptr(base, dtype=Float32),
+        bytes as the fp32 [64, 64] merge buffer sX, over the K ring and, when that is smaller than
+        16 KB, the V ring allocated right after it (both 1 KB multiples; Attn2Config.create checks
+        the size)."""
+        return cute.make_tensor(cute.recast_ptr(self.sK.iterator, dtype=Float32),
                                 cute.make_layout((M_TILE, HEAD_DIM), stride=(HEAD_DIM, 1)))
 
 
@@ -794,21 +781,6 @@ class SoftmaxPartial:
         for i in cutlass.range_constexpr(cute.size(tOrO)):
             acc_o[i] = _fold_v(acc_o[i], fw[(i // 2) % 2, 0], tOrO[i], fw[(i // 2) % 2, 1])
             tOrO[i] = 0.0
-
-    @cute.jit
-    def take(self, chunk: "SoftmaxPartial"):
-        """A two-chunk wide CTA's second accumulator (self), at the last step of its first chunk:
-        self <- that chunk exactly (its l summed over the quad, as write_partial sums a running
-        chunk's), then the chunk restarts from I. Kept apart, not folded: the sub's cluster folds
-        it in its place among the sub's chunks, so the bits are the one-chunk wide layout's."""
-        for h in cutlass.range_constexpr(2):
-            self.l[h] = quad_sum(chunk.l[h])
-            self.m[h] = chunk.m[h]
-            chunk.m[h] = NEG_BIG
-            chunk.l[h] = 0.0
-        for i in cutlass.range_constexpr(cute.size(chunk.o)):
-            self.o[i] = chunk.o[i]
-            chunk.o[i] = 0.0
 
 
 @dataclass(frozen=True)
@@ -1126,8 +1098,7 @@ class Attn2Sm90:
             sQmax = smem.allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
         sPT = smem.allocate_tensor(Int32, cute.make_layout(self.page_table_max), byte_alignment=16)
         sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
-        sXm = smem.allocate_tensor(Float32, cute.make_layout((self.cfg.partials_per_cta, self.rows, 2),
-                                                             stride=(2 * self.rows, 2, 1)), byte_alignment=16)
+        sXm = smem.allocate_tensor(Float32, cute.make_layout((self.rows, 2), stride=(2, 1)), byte_alignment=16)
         if const_expr(self.cfg.smem_pad > 0):   # never touched: it caps the CTAs an SM holds (occupancy_cap)
             smem.allocate_array(Uint32, self.cfg.smem_pad // 4, byte_alignment=16)
         ring = KVRing.create(self.cfg, tma_atom, mKV_tma, sK, sV, sPages_layout, full, sPT, num_pages, cta, s8)
@@ -1169,12 +1140,12 @@ class Attn2Sm90:
                     # (scale log2 e k_scale 2^q_exp) (q 2^-q_exp . k8), fp32
                     scale_qk = mul_rn(mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)]),
                                       pow2(q_exp))
-                thr_pv, partials = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
+                thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
                 self.trigger_dependents(cta, tree, wave_ctas)
 
                 rows = self.merge_rows(cta, tree.rank)
                 cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
-                sXs = self.write_partials(ring, sXm, thr_pv, partials, cta)
+                sX = self.write_partial(ring, sXm, thr_pv, partial, cta)
                 cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
                 # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
                 # for it, and its latency overlaps the cluster wait and the merges
@@ -1182,7 +1153,7 @@ class Attn2Sm90:
                 v_scale = None
                 if const_expr(self.cfg.fp8):    # applied with 1 / l by the rows' writer
                     v_scale = mVScale[cutlass.min(cta.kv_head, mVScale.shape[0] - 1)]
-                m_merged, l_merged, o_merged, o_node = self.merge_cluster(sXs, sXm, rows, tree)
+                m_merged, l_merged, o_merged, o_node = self.merge_cluster(sX, sXm, rows, tree)
                 writes_out = Int32(1)      # one cluster: its (only) node is the whole row
                 if tree.n_clusters > 1:
                     writes_out, l_merged = WorkspaceMerge.create(self.cfg, mWs, rows, tree, cta).merge(
@@ -1205,8 +1176,7 @@ class Attn2Sm90:
         after L)."""
         pt_guess = Int32(-1)
         if const_expr(self.wide):
-            pt_guess = mPT[cta.request, cutlass.min((cta.warp + 1) * _first_chunk(self.cfg, cta.split)
-                                                    * self.pages_per_step + cta.lane,
+            pt_guess = mPT[cta.request, cutlass.min((cta.warp + 1) * cta.split * self.pages_per_step + cta.lane,
                                                     mPT.shape[1] - 1)]
         return pt_guess
 
@@ -1255,10 +1225,8 @@ class Attn2Sm90:
                   scale_log2: Float32, cta: CtaPlace):
         """Every thread: the ring steps of this CTA's chunks, S = Q K^T, masks (StepMask), online
         softmax (SoftmaxPartial.update), O += P V; with second_accumulator each chunk is folded
-        into the second accumulator at its last step (deep), or a two-chunk wide CTA's first chunk
-        is kept there as it is (SoftmaxPartial.take). Returns (thr_pv, the CTA's partials, in
-        chunk order): (the running chunk,) with l per lane (wide), (the second accumulator,) with
-        l summed (deep), or both (two-chunk wide). Expects sQ, sPT and the
+        into the second accumulator at its last step. Returns (thr_pv, the CTA's partial): the
+        running chunk (l per lane) or the second accumulator (l summed). Expects sQ, sPT and the
         mbarriers published and the ring prologue issued; warp 0 keeps steps_ahead steps in flight.
         S = Q K^T is wgmma m64nNk16 (N = keys_per_step), Q and K from smem; O += P V is wgmma
         m64n64k16 with P (bf16, packed cvt.rn.bf16x2; fp8: f16) in registers -- the C layout of S is the A
@@ -1364,14 +1332,8 @@ class Attn2Sm90:
                     chunk_lo = chunk_lo + 1
                     chunk_end = tree.chunk_end(chunk_lo, steps.first)
                     if real_rows != 0:
-                        if const_expr(self.wide):
-                            if chunk_lo == tree.chunk_lo + 1:   # two-chunk wide: its first chunk, kept apart
-                                partial.take(chunk)
-                        else:
-                            partial.fold_in(chunk, fw)
-        if const_expr(self.cfg.partials_per_cta > 1):
-            return thr_pv, (partial, chunk)     # a two-chunk wide CTA's chunks, in order
-        return thr_pv, (partial,)
+                        partial.fold_in(chunk, fw)
+        return thr_pv, partial
 
     @cute.jit
     def trigger_dependents(self, cta: CtaPlace, tree: ReductionTree, ctas_per_wave: Int32):
@@ -1385,10 +1347,7 @@ class Attn2Sm90:
         if const_expr(self.cfg.pdl):
             if const_expr(self.wide):
                 pairs = cta.num_requests * cta.kv_heads
-                ctas = tree.n_chunks     # working CTAs of the pair (two-chunk: half as many)
-                if const_expr(self.cfg.wide_chunks > 1):
-                    ctas = (tree.n_chunks + self.cfg.wide_chunks - 1) // self.cfg.wide_chunks
-                if pairs > QUIET_WIDE_PAIRS or pairs * ctas <= ctas_per_wave:
+                if pairs > QUIET_WIDE_PAIRS or pairs * tree.n_chunks <= ctas_per_wave:
                     cute.arch.griddepcontrol_launch_dependents()
             else:
                 cute.arch.griddepcontrol_launch_dependents()
@@ -1405,44 +1364,36 @@ class Attn2Sm90:
         return MergeRows(active, row, col0, out_row, out_col, cta.tidx, threads_per_row, self.columns_per_thread)
 
     @cute.jit
-    def write_partials(self, ring: KVRing, sXm: cute.Tensor, thr_pv: cute.ThrMma, partials: tuple,
-                       cta: CtaPlace) -> list:
+    def write_partial(self, ring: KVRing, sXm: cute.Tensor, thr_pv: cute.ThrMma, partial: SoftmaxPartial,
+                      cta: CtaPlace) -> cute.Tensor:
         """Every thread, after a CTA barrier (no wgmma reads the rings any more): this CTA's
-        partials of main_loop, in order -> sX [64, 64] fp32 each (KVRing.merge_buffer) and
-        sXm [partial, rows, 2] (l summed over the quad here where main_loop left it per lane: the
-        running chunk, the last partial unless the CTA folds into a second accumulator alone);
-        returns the sX. Rows >= self.rows are padding. Published to the cluster by the kernel's
-        cluster_arrive."""
-        sXs = []
-        for index in cutlass.range_constexpr(len(partials)):
-            partial = partials[index]
-            sX = ring.merge_buffer(index)
-            tOsX = thr_pv.partition_C(sX)
-            for i in cutlass.range_constexpr(cute.size(partial.o)):
-                tOsX[i] = partial.o[i]
-            l_summed = self.second_accumulator and index == 0    # the second accumulator's
-            for h in cutlass.range_constexpr(2):
-                m_h = partial.m[h]
-                if const_expr(l_summed):
-                    l_h = partial.l[h]
-                else:
-                    l_h = quad_sum(partial.l[h])
-                row = 16 * cta.warp + cta.lane // 4 + 8 * h
-                if cta.lane % 4 == 0:
-                    if row < self.rows:
-                        sXm[index, row, 0] = m_h
-                        sXm[index, row, 1] = l_h
-            sXs.append(sX)
-        return sXs
+        partial of main_loop -> sX [64, 64] fp32 (KVRing.merge_buffer) and sXm [rows, 2] (l summed
+        over the quad here when main_loop left it per lane); returns sX. Rows >= self.rows are
+        padding. Published to the cluster by the kernel's cluster_arrive."""
+        sX = ring.merge_buffer()
+        tOsX = thr_pv.partition_C(sX)
+        for i in cutlass.range_constexpr(cute.size(partial.o)):
+            tOsX[i] = partial.o[i]
+        for h in cutlass.range_constexpr(2):
+            m_h = partial.m[h]
+            if const_expr(self.second_accumulator):
+                l_h = partial.l[h]
+            else:
+                l_h = quad_sum(partial.l[h])
+            row = 16 * cta.warp + cta.lane // 4 + 8 * h
+            if cta.lane % 4 == 0:
+                if row < self.rows:
+                    sXm[row, 0] = m_h
+                    sXm[row, 1] = l_h
+        return sX
 
     @cute.jit
-    def merge_cluster(self, sXs: list, sXm: cute.Tensor, rows: MergeRows, tree: ReductionTree):
+    def merge_cluster(self, sX: cute.Tensor, sXm: cute.Tensor, rows: MergeRows, tree: ReductionTree):
         """Level 1 (DSMEM), every thread of every CTA of the cluster, after the kernel's
         cluster_arrive (the release of its sX / sXm): the barrier's wait, which publishes every
         peer's sX / sXm, then rank c folds its rows [c rows_per_rank, (c + 1) rows_per_rank) of
         the cluster's cluster_size partials (ld.shared::cluster), in rank order, starting from I.
-        Wide: the chunks -> sub `cluster` (a two-chunk CTA's two partials in their places among
-        them; chunks past the request's end are skipped by selection,
+        Wide: the chunks -> sub `cluster` (chunks past the request's end are skipped by selection,
         as a deep CTA never folds them), and a lone sub becomes node 0 = fold(fold(I, sub 0), I).
         Deep: the 2 subs -> node `cluster` (an empty sub is I and is folded, as the wide merge
         folds I for it). Ends with the relaxed arrive of the second cluster barrier, whose wait is
@@ -1456,26 +1407,22 @@ class Attn2Sm90:
         m_merged = Float32(NEG_BIG)
         l_merged = Float32(0.0)
         cute.arch.cluster_wait()         # every peer's release (its cluster_arrive in kernel)
-        per_cta = self.cfg.partials_per_cta
-        n_peer = cluster_size * per_cta      # the cluster's partials, in chunk order
-        m_peer = cute.make_rmem_tensor(cute.make_layout(n_peer), Float32)
-        l_peer = cute.make_rmem_tensor(cute.make_layout(n_peer), Float32)
-        o_peer = cute.make_rmem_tensor(cute.make_layout((columns_per_thread, n_peer),
+        m_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
+        l_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
+        o_peer = cute.make_rmem_tensor(cute.make_layout((columns_per_thread, cluster_size),
                                                         stride=(1, columns_per_thread)), Float32)
         o_offset = rows.row * HEAD_DIM + rows.col0
         for j in cutlass.range_constexpr(cluster_size):      # every peer is alive until the 2nd barrier
-            for e in cutlass.range_constexpr(per_cta):
-                p = j * per_cta + e
-                a_ml = cute.arch.map_dsmem_ptr(sXm.iterator + 2 * e * self.rows + 2 * rows.row, Int32(j)).toint()
-                m_peer[p], l_peer[p] = ld_dsmem_f32x2(a_ml)
-                a_o = cute.arch.map_dsmem_ptr(sXs[e].iterator + o_offset, Int32(j)).toint()
-                for q in cutlass.range_constexpr(columns_per_thread // 4):
-                    o_peer[4 * q, p], o_peer[4 * q + 1, p], o_peer[4 * q + 2, p], o_peer[4 * q + 3, p] = \
-                        ld_dsmem_f32x4(a_o + 16 * q)
-        for p in cutlass.range_constexpr(n_peer):
+            a_ml = cute.arch.map_dsmem_ptr(sXm.iterator + 2 * rows.row, Int32(j)).toint()
+            m_peer[j], l_peer[j] = ld_dsmem_f32x2(a_ml)
+            a_o = cute.arch.map_dsmem_ptr(sX.iterator + o_offset, Int32(j)).toint()
+            for q in cutlass.range_constexpr(columns_per_thread // 4):
+                o_peer[4 * q, j], o_peer[4 * q + 1, j], o_peer[4 * q + 2, j], o_peer[4 * q + 3, j] = \
+                    ld_dsmem_f32x4(a_o + 16 * q)
+        for j in cutlass.range_constexpr(cluster_size):
             # wide: a chunk past the request's end leaves the fold as it is
-            m_merged, l_merged = _fold_into(m_merged, l_merged, o_merged, m_peer[p], l_peer[p], o_peer[None, p],
-                                            tree.has_chunk(p), self.wide)
+            m_merged, l_merged = _fold_into(m_merged, l_merged, o_merged, m_peer[j], l_peer[j], o_peer[None, j],
+                                            tree.has_chunk(j), self.wide)
         # every load of a peer's smem issued above has returned (its value is used), so a
         # relaxed arrive suffices to let the peers exit; the matching wait is the CTA's last
         # step, so nothing after this waits for the slowest peer's merge

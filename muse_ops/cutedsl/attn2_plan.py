@@ -175,9 +175,6 @@ class Attn2Config:
     page_box: bool = False     # fp8: one (16, 128) TMA box a page (its K and V rows together), not two (16, 64)
     refill_warp: int = 0       # the warp that issues the ring's refills; -1: step k's is warp k % 4 (q_len 1:
     # 1 + k % 3, as warp 0 alone runs the softmax). Both: FP8 decode's defaults (FP8_DECODE_KNOBS)
-    wide_chunks: int = 1       # wide: chunks a CTA runs (1 or 2, a development knob), their partials kept
-    # apart and folded in order by the sub's cluster of sub_chunks / wide_chunks CTAs: wide's bits on
-    # half its CTAs (docs/DESIGN.md section 11)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -196,16 +193,12 @@ class Attn2Config:
         return self.layout == "wide"
 
     @property
-    def cluster_size(self):    # CTAs per cluster: a sub's chunks / wide_chunks (wide) or a node's subs (deep)
-        return self.sub_chunks // self.wide_chunks if self.wide else 2
+    def cluster_size(self):    # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep)
+        return self.sub_chunks if self.wide else 2
 
     @property
-    def chunks_per_cta(self):  # wide_chunks (wide) or a sub (deep)
-        return self.wide_chunks if self.wide else self.sub_chunks
-
-    @property
-    def partials_per_cta(self):   # softmax partials a CTA hands its cluster: wide_chunks (wide), its sub (deep)
-        return self.wide_chunks if self.wide else 1
+    def chunks_per_cta(self):  # 1 (wide) or a sub (deep)
+        return 1 if self.wide else self.sub_chunks
 
     @property
     def max_clusters(self):    # clusters per (request, KV head) in the grid: subs (wide) or nodes
@@ -273,7 +266,7 @@ class Attn2Config:
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
                early_ring: bool = True, fp8: bool = False, page_box: bool | None = None,
-               refill_warp: int | None = None, wide_chunks: int = 1) -> "Attn2Config":
+               refill_warp: int | None = None) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
@@ -290,8 +283,6 @@ class Attn2Config:
         per_sub = chunks_per_sub or sub_chunks(window)
         if per_sub == 1 and layout == "wide":
             layout = "deep"       # with one chunk per sub the wide layout is the deep one
-        if layout != "wide":
-            wide_chunks = 1
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
         if node_min_steps is None:
             node_min_steps = NODE_MIN_STEPS
@@ -311,15 +302,12 @@ class Attn2Config:
             # deep: 4 CTAs per SM with the second accumulator (126 registers), 5 without (91: one
             # chunk per sub, a dev override now); wide: 5 (96 registers: unbounded, the loads
             # before the PDL wait took it to 104, 4 CTAs per SM, slower: RESULTS.md)
-            if layout == "deep":
-                min_blocks = 5 if per_sub == 1 else 4
-            else:   # a two-chunk wide CTA holds deep's second accumulator
-                min_blocks = 4 if wide_chunks == 2 else 5
+            min_blocks = (5 if per_sub == 1 else 4) if layout == "deep" else 5
             if ctas_per_sm and q_len in CAPPED_REGISTER_Q_LENS:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
-                          early_ring, fp8, page_box, refill_warp, wide_chunks)
+                          early_ring, fp8, page_box, refill_warp)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
@@ -330,12 +318,6 @@ class Attn2Config:
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         assert fp8 or not page_box, cfg
         assert -1 <= refill_warp < THREADS // 32, cfg
-        # a two-chunk wide CTA holds its first chunk in the deep layout's second accumulator and
-        # hands its cluster two partials: the merge's second buffer is the V ring (bf16, 16 KB from
-        # 2 stages) or the e4m3 staging ring (fp8, 16 KB from 2 stages) (KVRing.merge_buffer)
-        assert wide_chunks in (1, 2) and per_sub % wide_chunks == 0, cfg
-        second_buffer = cfg.staging_bytes if fp8 else cfg.mma_stages * cfg.keys_per_step * HEAD_DIM * 2
-        assert wide_chunks == 1 or second_buffer >= M_TILE * HEAD_DIM * 4, cfg
         return cfg
 
 
@@ -456,14 +438,11 @@ def dev_variants() -> list["Attn2Config"]:
     """Development knobs no deployment compiles, which CI compiles too (flipped_knobs): an FP8
     cache's staging ring read the other way (Attn2Config.page_box), every layout at both q_lens;
     the refills issued the other way (Attn2Config.refill_warp), each q_len, layout and dtype once
-    (four variants: CI compiles these in one process); the two-chunk wide layout
-    (Attn2Config.wide_chunks 2), each q_len and dtype."""
+    (four variants: CI compiles these in one process)."""
     return ([_config(q_len, 0, 32768, layout, fp8=True, page_box=flipped_knobs(q_len, True)["page_box"])
              for q_len in SUPPORTED_Q_LENS for layout in LAYOUTS]
             + [_config(q_len, 0, 32768, layout, fp8=fp8, refill_warp=flipped_knobs(q_len, fp8)["refill_warp"])
-               for q_len, layout, fp8 in ((1, "deep", True), (8, "wide", True), (8, "deep", False), (1, "wide", False))]
-            + [_config(q_len, 0, 32768, "wide", fp8=fp8, wide_chunks=2)
-               for q_len in SUPPORTED_Q_LENS for fp8 in (False, True)])
+               for q_len, layout, fp8 in ((1, "deep", True), (8, "wide", True), (8, "deep", False), (1, "wide", False))])
 
 
 def triggers_dependents(layout: str, pairs: int, n_chunks: int, wave: int) -> bool:
