@@ -262,7 +262,7 @@ class Attn2Config:
     @staticmethod
     def create(q_len: int, window: int, max_seq_len: int, layout: str = "deep",
                stages: int | None = None, min_blocks: int | None = None,
-               pdl: bool = True, node_min_steps: int | None = None,
+               pdl: bool = True, node_min_steps: int = NODE_MIN_STEPS,
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
                early_ring: bool = True, fp8: bool = False, page_box: bool | None = None,
@@ -284,8 +284,6 @@ class Attn2Config:
         if per_sub == 1 and layout == "wide":
             layout = "deep"       # with one chunk per sub the wide layout is the deep one
         # beyond 2048 steps the chunk count is fixed, so the chunk length only grows with the steps
-        if node_min_steps is None:
-            node_min_steps = NODE_MIN_STEPS
         defaults = default_knobs(q_len, fp8)
         if page_box is None:
             page_box = defaults["page_box"]

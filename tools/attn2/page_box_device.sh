@@ -1,7 +1,7 @@
 # GPU machine (carry .device): memcheck and racecheck on the FP8 sanitize cases under a development
 # knob, Attn2Config.page_box by default (an FP8 cache's pages staged as one 2 KB TMA box each: FP8
 # decode's default, verify's knob); SANITIZE_KNOBS='{"refill_warp": -1}' for another. The knobs'
-# timings: tools/attn2/fp8_plan_ab_device.sh; the defaults' sanitizers: fp8_plan_tests_device.sh.
+# timings: tools/attn2/fp8_plan_ab_device.sh; the defaults' sanitizers: plan_tests_device.sh.
 # Logs under $OUT.
 #   bash tools/attn2/page_box_device.sh
 . .device/prelude.sh && . tools/device_env.sh

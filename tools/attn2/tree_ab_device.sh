@@ -3,13 +3,12 @@
 # forty-eighth session), with tools/attn2/ab.py (3 rounds, interleaved; bits compared: the trees
 # differ from L = 12288 to 65535). The forty-eighth session ran an earlier form of this script (at
 # 0675efc, with the two-chunk wide layout's variants, since removed) and then PART 3 (at 6fafe66):
-# bench/RESULTS.md, that session's section. Three calls of under 600 s each:
+# bench/RESULTS.md, that session's section (its PART 3, bf16's GPU tests and memcheck, is now
+# `DTYPE=bf16 bash tools/attn2/plan_tests_device.sh`). Two calls of under 600 s each:
 #   PART=1 bash tools/attn2/tree_ab_device.sh    verify at L=16384 B=128, 64, 32, 16; L=32768 B=16, 8;
 #            L=12288 B=16; decode at L=16384 B=128 and 32 and L=32768 B=8
 #   PART=2 bash tools/attn2/tree_ab_device.sh    one to 24 requests at L = 16384 to 65536 and the mixed
 #            batch (64 requests, L ~ U[512, 32768]), verify and decode
-#   PART=3 bash tools/attn2/tree_ab_device.sh    bf16's attn2 GPU tests and memcheck on the sanitizer's
-#            bf16 cases (the FP8 ones: tools/attn2/fp8_plan_tests_device.sh)
 . .device/prelude.sh && . tools/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
@@ -26,13 +25,5 @@ case ${PART:-1} in
 2)
   ab tree_ab_small 8 '[(1,16384,0,None),(1,32768,0,None),(2,65536,0,None),(4,16384,0,None),(4,32768,0,None),(12,16384,0,None),(24,24576,0,None),("mixed",0,0,None)]' 250
   ab tree_ab_small_decode 1 '[(1,32768,0,None),(4,16384,0,None),("mixed",0,0,None)]' 120 ;;
-3)
-  timeout 300 python3 -m pytest -q tests/test_attn2_cutedsl.py -k "not fp8 and not development_knobs" -p no:cacheprovider \
-    -W ignore --durations=3 > $OUT/pytest_attn2_bf16.log 2>&1
-  echo "attn2 bf16 tests rc=$?"; grep -Ev "$F" $OUT/pytest_attn2_bf16.log | tail -6
-  export SANITIZE_DTYPES=bf16
-  timeout 60 python3 tools/attn2/sanitize_case.py > $OUT/san_plain.log 2>&1; echo "sanitize cases plain rc=$?"
-  timeout 120 compute-sanitizer --tool memcheck python3 tools/attn2/sanitize_case.py > $OUT/san_attn2_bf16_memcheck.log 2>&1
-  echo "== attn2 bf16 memcheck rc=$? $(grep -E 'ERROR SUMMARY' $OUT/san_attn2_bf16_memcheck.log | tail -1)" ;;
 esac
 true
