@@ -5,6 +5,7 @@ usage: AB_VARIANTS=... AB_CASES=... [AB_ROUNDS=3] python3 tools/attn2/ab.py
                B = a list of lengths: those requests (L unused)
   AB_MSL:      the deployment's max_seq_len for every case (default: L, as in the bench; a list case: its longest)
   AB_QLEN:     the query block (8: verify, the default; 1: decode)
+  AB_HKV:      KV heads (default 2)
 Every variant of a case is built once (cases.build_case, deployment max_seq_len = L) on the
 inputs of the case's first variant of its cache dtype (bf16, or e4m3 with the override fp8=1: a
 variant never runs on the other dtype's pools) and timed in turn, round after round, so drifts of
@@ -21,6 +22,7 @@ VARIANTS = eval(os.environ["AB_VARIANTS"])      # [(label, file or None, overrid
 CASES = eval(os.environ["AB_CASES"])            # [(B, L, W, labels or None)]
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 QLEN = int(os.environ.get("AB_QLEN", "8"))
+HKV = int(os.environ.get("AB_HKV", "2"))
 mods = {f: cases.load_kernel(f) for _, f, _ in VARIANTS}
 # the floor printed per case: its KV bytes at this GPU's measured copy rate (bench.timing)
 HBM_TBPS = cases.T.measure_hbm_tbps("cuda")
@@ -38,7 +40,7 @@ for (B, L, W, labels) in CASES:
         if labels and lab not in labels:
             continue
         cases.A, cases.KERNEL = mods[f], (mods[f] if f else None)
-        case = cases.build_case(len(lens) if lens else B, L, W, q_len=QLEN, lens=lens, over=over, msl=msl)
+        case = cases.build_case(len(lens) if lens else B, L, W, q_len=QLEN, hkv=HKV, lens=lens, over=over, msl=msl)
         fp8 = bool(over.get("fp8", False))
         if fp8 in first:   # the same inputs for every variant of a dtype (their outputs are compared)
             ref = first[fp8][1]
