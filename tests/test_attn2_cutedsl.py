@@ -505,45 +505,6 @@ def test_development_knobs_bit_identical(q_len, window, knob, fp8):
 
 
 @gpu
-@pytest.mark.parametrize("q_len,window,fp8", [(8, 0, False), (1, 0, False), (8, 0, True), (1, 0, True), (8, 2048, False)],
-                         ids=["verify", "decode", "verify_fp8", "decode_fp8", "verify_window"])
-def test_node_cta_bit_identical(q_len, window, fp8):
-    """Attn2Config.node_cta (a development knob: one deep CTA a node, sub 0's partial held in the
-    workspace while it runs sub 1) gives the deep CTA pair's bits and the wide layout's, on the
-    plan's tree and on a finer one (Attn2Config.fine_nodes 4: four nodes from 256 steps). Requests
-    of one chunk to eight nodes, nodes of sub 0 alone (odd sub counts), tail pages; the
-    workspace's partials poisoned with NaN first (only the counters zeroed), within tolerance of
-    float64, error flag and counters at zero."""
-    A = _kernel()
-    msl, hkv = 1 << 15, 2
-    lens = [q_len, 15 + q_len, 64, 65, 200, 1000, 3001, 4096, 5000, 12345, 16384, 20000, 32768]
-    if fp8:
-        y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=47 + q_len, window=window, scales="head")
-    else:
-        y, cache, pt, seq = make_case(lens, hkv, q_len, seed=49 + q_len, window=window)
-        ks = vs = None
-    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=window, scale=SCALE, k_scale=ks, v_scale=vs)
-    R = len(lens)
-    for tree in ({}, {"fine_nodes": 4}):
-        outs = []
-        for knobs in ({"layout": "deep", **tree}, {"layout": "deep", "node_cta": True, **tree},
-                      {"layout": "wide", **tree}):
-            cfg = attn2_plan.launch_config(R, hkv, q_len, window, msl, override=knobs, fp8=fp8)
-            _, n_cnt, size = attn2_plan.workspace_layout(cfg, R, hkv)
-            ws = torch.full((size,), 0xFF, dtype=torch.uint8, device="cuda")   # NaN partials
-            ws[size // 4 * 4 - 4 * n_cnt:] = 0
-            out, ws, err = run_kernel(A, y, cache, pt, seq, q_len=q_len, window=window, max_seq_len=msl, ws=ws,
-                                      k_scale=ks, v_scale=vs, knobs=knobs)
-            assert int(err.item()) == 0 and counters_zero(A, ws, R, hkv, q_len, window, msl), knobs
-            nbad, mx, mean = check_close(out, ref)
-            assert nbad == 0 and mean <= 2e-3, (knobs, nbad, mx, mean)
-            outs.append((knobs, out.view(torch.int16)))
-        for knobs, out in outs[1:]:
-            differ = int((out != outs[0][1]).sum())
-            assert differ == 0, f"{knobs}: {differ} outputs differ from {outs[0][0]}"
-
-
-@gpu
 @pytest.mark.parametrize("q_len,window", [(8, 0), (1, 2048)])
 def test_fp8_deterministic_and_batch_invariant(q_len, window):
     """Run to run, and a request alone (wide) against the same request in a batch of 48 (deep):

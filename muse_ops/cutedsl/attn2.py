@@ -63,7 +63,7 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_PAGE, BAD_SEQ_LEN
 from . import runtime
-from .attn2_plan import (FINE_NODE_STEPS, LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_PAIRS, SUB_CHUNKS, THREADS,  # noqa: F401
+from .attn2_plan import (LAYOUTS, M_TILE, NODE_MIN_STEPS, NODES_MAX, QUIET_WIDE_PAIRS, SUB_CHUNKS, THREADS,  # noqa: F401
                          WIDE_MAX_PAIRS,
                          WIDE_MAX_PAIRS_WINDOW, WINDOW_SUB_CHUNKS,
                          Attn2Config, _config, can_implement, choose_layout, deployment_layouts,
@@ -321,8 +321,6 @@ class ReductionTree:
         last_page = (L - 1) // PAGE_SIZE
         n_steps = (last_page - first_page + pages_per_step) // pages_per_step
         n_nodes = cutlass.max(n_steps // cfg.node_min_steps, Int32(n_steps >= cfg.two_node_steps) * 2)
-        if const_expr(cfg.fine_nodes > 0):
-            n_nodes = cutlass.max(n_nodes, cutlass.min(n_steps // FINE_NODE_STEPS, Int32(cfg.fine_nodes)))
         n_nodes = cutlass.max(Int32(1), cutlass.min(Int32(NODES_MAX), n_nodes))   # attn2_plan.node_count
         n_chunks = cutlass.min(2 * cfg.sub_chunks * n_nodes, n_steps)
         n_subs = (n_chunks + cfg.sub_chunks - 1) // cfg.sub_chunks
@@ -786,82 +784,6 @@ class SoftmaxPartial:
 
 
 @dataclass(frozen=True)
-class SubStash:
-    """Attn2Config.node_cta: a node's CTA runs its two subs in turn and holds sub 0's partial while
-    it runs sub 1: O in the pair's workspace slot nodes_max + node (the deep layout's nodes use
-    slots below nodes_max), in the wgmma C fragment's order, and (m, l) in registers. Each thread
-    stores only its own elements and reads back only those, so no barrier or fence is needed."""
-    tOgS: cute.Tensor    # this thread's elements of the slot seen as (M_TILE, 64) fp32 (rows >= query_rows: never touched)
-    m: cute.Tensor       # fp32 (2,): sub 0's m of the thread's two rows
-    l: cute.Tensor       # fp32 (2,): its l (summed over the quad)
-    real: Int32          # 1 where the thread holds real query rows (decode: warp 0)
-    q_len: int
-
-    @staticmethod
-    def create(cfg: Attn2Config, mWs: cute.Tensor, tree: ReductionTree, cta: CtaPlace,
-               thr_pv: cute.ThrMma) -> "SubStash":
-        nslot = cta.num_requests * cta.kv_heads * cfg.slots
-        slot = (cta.request * cta.kv_heads + cta.kv_head) * cfg.slots + cfg.nodes_max + tree.cluster
-        gWO = cute.make_tensor(cute.recast_ptr(mWs.iterator, dtype=Float32),
-                               cute.make_layout((nslot, cfg.query_rows, HEAD_DIM),
-                                                stride=(cfg.query_rows * HEAD_DIM, HEAD_DIM, 1)))
-        gS = cute.make_tensor(gWO[slot, None, None].iterator,
-                              cute.make_layout((M_TILE, HEAD_DIM), stride=(HEAD_DIM, 1)))
-        m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-        l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-        real = Int32(1)
-        if const_expr(cfg.q_len == 1):
-            real = Int32(cta.warp == 0)
-        return SubStash(thr_pv.partition_C(gS), m, l, real, cfg.q_len)
-
-    @cute.jit
-    def hold(self, partial: "SoftmaxPartial"):
-        """Every thread, at the end of sub 0: keep its partial here and restart the CTA's partial
-        from I for sub 1. Decode: only warp 0's rows 0 .. 7 are real, and only they are stored."""
-        tOgS, m, l = self.tOgS, self.m, self.l
-        if self.real != 0:
-            for i in cutlass.range_constexpr(cute.size(partial.o)):
-                if const_expr(self.q_len > 1 or (i // 2) % 2 == 0):
-                    tOgS[i] = partial.o[i]
-        acc_o, acc_m, acc_l = partial.o, partial.m, partial.l
-        for h in cutlass.range_constexpr(2):
-            m[h] = acc_m[h]
-            l[h] = acc_l[h]
-            acc_m[h] = NEG_BIG
-            acc_l[h] = 0.0
-        acc_o.fill(0.0)
-
-    @cute.jit
-    def node(self, partial: "SoftmaxPartial") -> "SoftmaxPartial":
-        """Every thread, after the main loop, with sub 1's partial (I where the node has no sub
-        1): the node fold(fold(I, sub 0), sub 1) of its rows, with the same _fold_w / _fold_v as
-        merge_cluster's fold of a CTA pair's two subs (_node_into), so the bits are the pair's.
-        Padding rows (decode's warps 1..3 and rows 8 .. 15) fold whatever they hold: never read."""
-        o = cute.make_rmem_tensor(partial.o.layout, Float32)
-        if self.real != 0:
-            for i in cutlass.range_constexpr(cute.size(o)):
-                if const_expr(self.q_len > 1 or (i // 2) % 2 == 0):
-                    o[i] = self.tOgS[i]
-                else:
-                    o[i] = 0.0
-        else:
-            o.fill(0.0)
-        m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-        l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-        w = cute.make_rmem_tensor(cute.make_layout((2, 4), stride=(1, 2)), Float32)
-        for h in cutlass.range_constexpr(2):
-            m1, w[h, 0], w[h, 1] = _fold_w(Float32(NEG_BIG), self.m[h])
-            l1 = _fold_v(Float32(0.0), w[h, 0], self.l[h], w[h, 1])
-            m[h], w[h, 2], w[h, 3] = _fold_w(m1, partial.m[h])
-            l[h] = _fold_v(l1, w[h, 2], partial.l[h], w[h, 3])
-        for i in cutlass.range_constexpr(cute.size(o)):
-            h = (i // 2) % 2
-            o1 = _fold_v(Float32(0.0), w[h, 0], o[i], w[h, 1])
-            o[i] = _fold_v(o1, w[h, 2], partial.o[i], w[h, 3])
-        return SoftmaxPartial(o, m, l)
-
-
-@dataclass(frozen=True)
 class MergeRows:
     """The rows a CTA merges and writes: the rows_per_rank rows of its cluster rank, each over
     threads_per_row consecutive threads of columns_per_thread columns (threads past them,
@@ -1218,16 +1140,13 @@ class Attn2Sm90:
                     # (scale log2 e k_scale 2^q_exp) (q 2^-q_exp . k8), fp32
                     scale_qk = mul_rn(mul_rn(scale_log2, mKScale[cutlass.min(cta.kv_head, mKScale.shape[0] - 1)]),
                                       pow2(q_exp))
-                thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta, mWs)
+                thr_pv, partial = self.main_loop(ring, sQ, tree, steps, scale_qk, cta)
                 self.trigger_dependents(cta, tree, wave_ctas)
 
                 rows = self.merge_rows(cta, tree.rank)
                 cute.arch.sync_threads()      # every wgmma read of the rings is done: reuse them
                 sX = self.write_partial(ring, sXm, thr_pv, partial, cta)
-                if const_expr(self.cluster_size > 1):
-                    cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
-                else:
-                    cute.arch.sync_threads()      # node_cta: sX / sXm to the CTA's merging threads
+                cute.arch.cluster_arrive()    # release my sX / sXm to the cluster (merge_cluster waits)
                 # the gate load goes out after the release, whose MEMBAR.GPU would otherwise wait
                 # for it, and its latency overlaps the cluster wait and the merges
                 gate = rows.load_gate(mY, cta.kv_heads)
@@ -1242,8 +1161,7 @@ class Attn2Sm90:
                 if writes_out != 0:     # the single writer of these rows
                     rows.write_out(mOut, gate, o_merged, l_merged, v_scale)
                 # my smem stays alive until every peer has read it (merge_cluster's relaxed arrive)
-                if const_expr(self.cluster_size > 1):
-                    cute.arch.cluster_wait()
+                cute.arch.cluster_wait()
 
     # ---------------------------------------------------------------------------- phases
     @cute.jit
@@ -1304,7 +1222,7 @@ class Attn2Sm90:
 
     @cute.jit
     def main_loop(self, ring: KVRing, sQ: cute.Tensor, tree: ReductionTree, steps: CtaSteps,
-                  scale_log2: Float32, cta: CtaPlace, mWs: cute.Tensor):
+                  scale_log2: Float32, cta: CtaPlace):
         """Every thread: the ring steps of this CTA's chunks, S = Q K^T, masks (StepMask), online
         softmax (SoftmaxPartial.update), O += P V; with second_accumulator each chunk is folded
         into the second accumulator at its last step. Returns (thr_pv, the CTA's partial): the
@@ -1347,11 +1265,6 @@ class Attn2Sm90:
         chunk = SoftmaxPartial(tOrO, row_max, row_sum)   # the running chunk, from I
         partial = chunk
         chunk_lo = tree.chunk_lo
-        stash = None
-        sub1_lo = None
-        if const_expr(self.cfg.node_cta):
-            stash = SubStash.create(self.cfg, mWs, tree, cta, thr_pv)
-            sub1_lo = tree.chunk_lo + self.cfg.sub_chunks   # sub 1's first chunk
         chunk_end = Int32(0)     # second_accumulator: local step index where the current chunk ends
         if const_expr(self.second_accumulator):
             # the CTA's partial = left fold of its chunks, starting as the identity I
@@ -1420,13 +1333,6 @@ class Attn2Sm90:
                     chunk_end = tree.chunk_end(chunk_lo, steps.first)
                     if real_rows != 0:
                         partial.fold_in(chunk, fw)
-                    if const_expr(self.cfg.node_cta):
-                        if chunk_lo == sub1_lo:     # sub 0 is complete: hold it, sub 1 starts from I
-                            stash.hold(partial)
-        if const_expr(self.cfg.node_cta):
-            if tree.chunk_hi < sub1_lo:    # a node of sub 0 alone (the request's last): sub 1 is I
-                stash.hold(partial)
-            partial = stash.node(partial)
         return thr_pv, partial
 
     @cute.jit
@@ -1500,15 +1406,6 @@ class Attn2Sm90:
         o_merged.fill(0.0)
         m_merged = Float32(NEG_BIG)
         l_merged = Float32(0.0)
-        o_node = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
-        if const_expr(cluster_size == 1):
-            # node_cta: the CTA's partial is its node already (SubStash.node); after the kernel's
-            # CTA barrier each thread takes its row's columns of it as they are
-            m_merged = sXm[rows.row, 0]
-            l_merged = sXm[rows.row, 1]
-            for c in cutlass.range_constexpr(columns_per_thread):
-                o_merged[c] = sX[rows.row, rows.col0 + c]
-            return m_merged, l_merged, o_merged, o_node
         cute.arch.cluster_wait()         # every peer's release (its cluster_arrive in kernel)
         m_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
         l_peer = cute.make_rmem_tensor(cute.make_layout(cluster_size), Float32)
@@ -1530,6 +1427,7 @@ class Attn2Sm90:
         # relaxed arrive suffices to let the peers exit; the matching wait is the CTA's last
         # step, so nothing after this waits for the slowest peer's merge
         cute.arch.cluster_arrive_relaxed()
+        o_node = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)
         o_zero = cute.make_rmem_tensor(cute.make_layout(columns_per_thread), Float32)   # O of I
         o_zero.fill(0.0)
         if const_expr(self.wide):

@@ -41,7 +41,6 @@ NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); cho
 # its bits do not depend on the batch.
 NODE_MIN_STEPS = 128   # ring steps per node from the third node on
 TWO_NODE_STEPS = 64    # ring steps from which a request has two nodes
-FINE_NODE_STEPS = 64   # Attn2Config.fine_nodes (a development knob): at least min(n_steps // 64, fine_nodes) nodes
 WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head) pairs per launch
                        # (at 24 pairs wide beats deep at L=4096 and 8192, not at L=16384: RESULTS.md)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
@@ -133,22 +132,19 @@ def sub_chunks(window: int) -> int:
     return WINDOW_SUB_CHUNKS if window > 0 else SUB_CHUNKS
 
 
-def node_count(n_steps: int, node_min_steps: int = NODE_MIN_STEPS, two_node_steps: int = TWO_NODE_STEPS,
-               fine_nodes: int = 0) -> int:
+def node_count(n_steps: int, node_min_steps: int = NODE_MIN_STEPS, two_node_steps: int = TWO_NODE_STEPS) -> int:
     """Nodes of a request with n_steps ring steps (before split_plan trims empty ones): n_steps //
-    node_min_steps, at least 2 from two_node_steps steps and min(n_steps // FINE_NODE_STEPS,
-    fine_nodes), 1 to NODES_MAX (as the kernel derives it)."""
-    return max(1, min(NODES_MAX, max(n_steps // node_min_steps, 2 * int(n_steps >= two_node_steps),
-                                     min(n_steps // FINE_NODE_STEPS, fine_nodes))))
+    node_min_steps, at least 2 from two_node_steps steps, 1 to NODES_MAX (as the kernel derives it)."""
+    return max(1, min(NODES_MAX, max(n_steps // node_min_steps, 2 * int(n_steps >= two_node_steps))))
 
 
 def split_plan(n_steps: int, chunks_per_sub: int = SUB_CHUNKS, node_min_steps: int = NODE_MIN_STEPS,
-               two_node_steps: int = TWO_NODE_STEPS, fine_nodes: int = 0) -> tuple[int, int, int, int]:
+               two_node_steps: int = TWO_NODE_STEPS) -> tuple[int, int, int, int]:
     """(most steps of a chunk, chunks, subs, nodes) of a request with n_steps ring steps, exactly
     as the kernel derives them from L: node_count(n_steps) nodes of 16 chunks, chunk j covering
     steps [j * n_steps // chunks, (j + 1) * n_steps // chunks), so the subs of a request (the work
     of a deep CTA) differ by at most one step."""
-    nodes = node_count(n_steps, node_min_steps, two_node_steps, fine_nodes)
+    nodes = node_count(n_steps, node_min_steps, two_node_steps)
     n_chunks = min(2 * chunks_per_sub * nodes, n_steps)
     n_subs = -(-n_chunks // chunks_per_sub)
     return -(-n_steps // n_chunks), n_chunks, n_subs, -(-n_subs // 2)
@@ -179,9 +175,6 @@ class Attn2Config:
     page_box: bool = False     # fp8: one (16, 128) TMA box a page (its K and V rows together), not two (16, 64)
     refill_warp: int = 0       # the warp that issues the ring's refills; -1: step k's is warp k % 4 (q_len 1:
     # 1 + k % 3, as warp 0 alone runs the softmax). Both: FP8 decode's defaults (FP8_DECODE_KNOBS)
-    fine_nodes: int = 0        # a tree knob (node_count): at least min(n_steps // FINE_NODE_STEPS, fine_nodes) nodes
-    node_cta: bool = False     # deep: one CTA a node, its two subs in turn (sub 0's partial held in the
-    # workspace meanwhile), instead of a CTA pair; the same tree and bits (a development knob)
 
     @property
     def query_rows(self):      # real query rows per (request, KV head); the wgmma tile has M_TILE rows
@@ -200,12 +193,12 @@ class Attn2Config:
         return self.layout == "wide"
 
     @property
-    def cluster_size(self):    # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep;
-        return self.sub_chunks if self.wide else (1 if self.node_cta else 2)   # node_cta: one CTA)
+    def cluster_size(self):    # CTAs per cluster: the chunks of a sub (wide) or the subs of a node (deep)
+        return self.sub_chunks if self.wide else 2
 
     @property
-    def chunks_per_cta(self):  # 1 (wide), a sub (deep) or a node (deep with node_cta)
-        return 1 if self.wide else self.sub_chunks * (2 if self.node_cta else 1)
+    def chunks_per_cta(self):  # 1 (wide) or a sub (deep)
+        return 1 if self.wide else self.sub_chunks
 
     @property
     def max_clusters(self):    # clusters per (request, KV head) in the grid: subs (wide) or nodes
@@ -273,7 +266,7 @@ class Attn2Config:
                chunks_per_sub: int | None = None, pages_per_step: int = 4,
                two_node_steps: int = TWO_NODE_STEPS, ctas_per_sm: int = 0,
                early_ring: bool = True, fp8: bool = False, page_box: bool | None = None,
-               refill_warp: int | None = None, fine_nodes: int = 0, node_cta: bool = False) -> "Attn2Config":
+               refill_warp: int | None = None) -> "Attn2Config":
         # 2-stage ring of 4-page steps; deep: __launch_bounds__ 4 CTAs per SM (5 without the second
         # accumulator). A wide ring of 4 stages costs CTAs an SM (3 instead of 5), deep compiled
         # for 5 CTAs an SM spills, and pages_per_step 8 (128 keys a step, a node per 16 steps: the same tree
@@ -296,7 +289,7 @@ class Attn2Config:
             page_box = defaults["page_box"]
         if refill_warp is None:
             refill_warp = defaults["refill_warp"]
-        plans = [split_plan(n, per_sub, node_min_steps, two_node_steps, fine_nodes)
+        plans = [split_plan(n, per_sub, node_min_steps, two_node_steps)
                  for n in list(range(1, min(steps, 2048) + 1)) + [steps]]
         chunk_max = max(p[0] for p in plans)
         nodes_max = max(p[3] for p in plans)
@@ -312,7 +305,7 @@ class Attn2Config:
                 min_blocks = ctas_per_sm   # the cap's register budget (CAPPED_REGISTER_Q_LENS)
         cfg = Attn2Config(q_len, window, max_seq_len, layout, nodes_max, chunk_max, stages, pages_per_step,
                           min_blocks, pdl, node_min_steps, chunks_per_sub or 0, two_node_steps, ctas_per_sm,
-                          early_ring, fp8, page_box, refill_warp, fine_nodes, node_cta)
+                          early_ring, fp8, page_box, refill_warp)
         if explicit_stages is None and ctas_per_sm in CAPPED_RING_STAGES:
             deeper = dataclasses.replace(cfg, stages=CAPPED_RING_STAGES[ctas_per_sm])
             # (where a long deployment's page-table slice leaves no room, 2 stages stay)
@@ -323,7 +316,6 @@ class Attn2Config:
         assert ctas_per_sm in OCCUPANCY_SMEM_BYTES or ctas_per_sm == 0, cfg
         assert fp8 or not page_box, cfg
         assert -1 <= refill_warp < THREADS // 32, cfg
-        assert not node_cta or (layout == "deep" and per_sub > 1), cfg
         return cfg
 
 
