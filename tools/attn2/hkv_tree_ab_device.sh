@@ -18,8 +18,8 @@ ab() {   # ab LOG QLEN CASES TIMEOUT
   AB_QLEN=$2 AB_VARIANTS="[$V]" AB_CASES="$3" timeout $4 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/$1.log
   echo "$1"; grep -E "^AB|Error|Traceback" $OUT/$1.log
 }
-ab hkv_tree_verify 8 "[(32,4096,0,None),(8,4096,0,$TWO),(1,4096,0,$TWO),(4,32768,0,$TWO),(2,65536,0,$TWO),([512,1024,2048,3000,4096,6000,8192,12000,16384,30000,4500,5000],0,0,$TWO)]" 330
-ab hkv_tree_decode 1 "[(32,4096,0,$TWO),(4,32768,0,$TWO)]" 100
+ab hkv_tree_verify 8 "[(32,4096,0,None),(8,4096,0,$TWO),(1,4096,0,$TWO),(4,32768,0,$TWO),(2,65536,0,$TWO),([512,1024,2048,3000,4096,6000,8192,12000,16384,30000,4500,5000],0,0,$TWO)]" 270
+ab hkv_tree_decode 1 "[(32,4096,0,$TWO),(4,32768,0,$TWO)]" 80
 timeout 130 python3 -m pytest -q tests/test_attn2_cutedsl.py -k coarse_tree -p no:cacheprovider -W ignore \
   > $OUT/pytest_coarse_tree.log 2>&1
 echo "coarse tree tests rc=$?"; grep -Ev "$F" $OUT/pytest_coarse_tree.log | tail -8
