@@ -41,12 +41,16 @@ NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); cho
 # its bits do not depend on the batch.
 NODE_MIN_STEPS = 128   # ring steps per node from the third node on
 TWO_NODE_STEPS = 64    # ring steps from which a request has two nodes
-# A deployment of many KV heads a rank (TP1's 16) takes a coarser tree: its batch holds Hkv
-# (request, KV head) pairs a request, so B=32 at Hkv 16 fills the GPU as B=256 at Hkv 2, where
-# fewer nodes win (each costs a partial, a ticket and a fold in the last arriver). Hkv is a
-# deployment constant, so a request's bits still do not depend on the batch (tree_knobs).
+# A deployment of 16 KV heads a rank (TP1) takes one node below 128 steps (L < 8192) instead of
+# two from 64: its batch holds 16 (request, KV head) pairs a request, so B=32 fills the GPU as
+# B=256 at Hkv 2, and there a request's second node costs more than it spreads (a partial, a
+# ticket, the last arriver's fold). Faster at L = 4096 at B=32 (bf16 11%, FP8 13%; decode 5% and
+# 14%) and B=1, bf16 at B=8 (8%); FP8 B=8 5% slower. A node per 256 steps as well (2 nodes up to
+# L = 49151) was up to 29% slower for FP8 from L = 32768, so longer requests keep the default
+# tree (RESULTS.md, forty-ninth session). Hkv is a deployment constant: a request's bits still do
+# not depend on the batch (tree_knobs).
 COARSE_TREE_KV_HEADS = 16
-COARSE_TREE = {"two_node_steps": 128, "node_min_steps": 256}
+COARSE_TREE = {"two_node_steps": 128}
 WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head) pairs per launch
                        # (at 24 pairs wide beats deep at L=4096 and 8192, not at L=16384: RESULTS.md)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
@@ -140,8 +144,8 @@ def sub_chunks(window: int) -> int:
 
 def tree_knobs(kv_heads: int, window: int) -> dict:
     """The tree constants a deployment's variants take beyond the defaults: COARSE_TREE from
-    COARSE_TREE_KV_HEADS KV heads without a window (a window bounds a request to one node in
-    either tree), none otherwise."""
+    COARSE_TREE_KV_HEADS KV heads without a window (a window bounds a request to about 33 steps,
+    one node in either tree), none otherwise."""
     return dict(COARSE_TREE) if kv_heads >= COARSE_TREE_KV_HEADS and window == 0 else {}
 
 
