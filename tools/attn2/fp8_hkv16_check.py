@@ -5,7 +5,7 @@ and the reference, and the bad outputs per request and per KV head. The forty-ni
 test of a coarse tree at Hkv 16 failed with per-head scales (155648 verify outputs out of
 tolerance, error inf) and was not run with per-tensor ones; this says whether that is the tree, the
 scales or the kernel.
-usage: python3 tools/attn2/fp8_hkv16_check.py"""
+usage: python3 tools/attn2/fp8_hkv16_check.py [q_len ...]   (default: 8 and 1)"""
 import os
 import sys
 
@@ -18,7 +18,7 @@ from muse_ops.testing import attn2_f64, tolerance_report  # noqa: E402
 
 A = _kernel()
 HKV, MSL = 16, 1 << 17
-for q_len in (8, 1):
+for q_len in [int(a) for a in sys.argv[1:]] or (8, 1):
     lens = [q_len, 1000, 4096, 6000, 8192, 20000, 50000, 70000]
     for scales in ("head", "tensor"):
         y, cache, pt, seq, ks, vs = make_case_fp8(lens, HKV, q_len, seed=53 + q_len, scales=scales)
