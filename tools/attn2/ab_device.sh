@@ -4,7 +4,7 @@
 # (tools/attn2/ab.py, 5 rounds), then the attn2 GPU tests (TESTS=0: not). Logs under $OUT.
 #   OLD=build/attn2_old.py bash tools/attn2/ab_device.sh
 . .device/prelude.sh && . tools/device_env.sh
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. tools/attn2/ab_helpers.sh
 OLD=${OLD:?a copy of the kernel module to compare against}
 CHAIN_OLD=$OLD timeout 300 python3 tools/chain_ab.py 2>&1 | grep -Ev "$F" > $OUT/chain_ab.log; grep -E "^CHAIN|Error|Traceback" $OUT/chain_ab.log
 export AB_ROUNDS=5 AB_VARIANTS="[(\"old\", \"$OLD\", {}), (\"new\", None, {})]"

@@ -11,7 +11,7 @@
 #   bash tools/attn2/fp8_plan_ab_device.sh
 . .device/prelude.sh && . tools/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. tools/attn2/ab_helpers.sh
 export AB_ROUNDS=3 PYTHONUNBUFFERED=1
 flip() {   # the variant's knobs set the other way (attn2_plan.flipped_knobs), as an override dict
   python3 -c "from muse_ops.cutedsl.attn2_plan import flipped_knobs as f; k = f($1, True); print({'fp8': 1, '$2': k['$2']})"

@@ -8,14 +8,10 @@
 #   bash tools/attn2/hkv_tree_ab_device.sh
 . .device/prelude.sh && . tools/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. tools/attn2/ab_helpers.sh
 export AB_ROUNDS=3 PYTHONUNBUFFERED=1 AB_HKV=${AB_HKV:-16}
 V='("plan", None, {}), ("t128", None, {"two_node_steps": 128}),
    ("fp8", None, {"fp8": 1}), ("fp8_t128", None, {"fp8": 1, "two_node_steps": 128})'
-ab() {   # ab LOG QLEN CASES TIMEOUT
-  AB_QLEN=$2 AB_VARIANTS="[$V]" AB_CASES="$3" timeout $4 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/$1.log
-  echo "$1"; grep -E "^AB|Error|Traceback" $OUT/$1.log
-}
 ab hkv_tree_verify 8 "[(32,4096,0,None),(16,6000,0,None),(8,4096,0,None),(4,4096,0,None),(1,4096,0,None),([512,1024,2048,3000,4096,6000,8192,12000,16384,30000,4500,5000],0,0,None)]" 250
 ab hkv_tree_decode 1 "[(32,4096,0,None),(8,4096,0,None)]" 80
 timeout 150 python3 tools/attn2/fp8_hkv16_check.py 2>&1 | grep -Ev "$F" > $OUT/fp8_hkv16_check.log

@@ -5,7 +5,7 @@
 # Logs under $OUT.
 #   bash tools/attn2/page_box_device.sh
 . .device/prelude.sh && . tools/device_env.sh
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. tools/attn2/ab_helpers.sh
 export SANITIZE_DTYPES=fp8 SANITIZE_KNOBS="${SANITIZE_KNOBS:-{\"page_box\": True\}}"
 # the sanitize cases' variants compile once outside the tools (compiling an FP8 variant under memcheck
 # reports host-side cuGetProcAddress errors, not device ones), then run under each

@@ -3,7 +3,7 @@
 # B=16 L=65536, then decode at B=128 L=16384 (tools/attn2/ab.py, 3 rounds). Logs under $OUT.
 #   bash tools/attn2/step_parts_device.sh
 . .device/prelude.sh && . tools/device_env.sh
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. tools/attn2/ab_helpers.sh
 python3 tools/attn2/step_parts.py build/step_parts > /dev/null || exit 1
 P=build/step_parts/attn2_parts
 # the loads-only copies at 4 CTAs an SM, as many as the kernel holds (their registers would allow 5)

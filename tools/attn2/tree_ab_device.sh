@@ -11,13 +11,9 @@
 #            batch (64 requests, L ~ U[512, 32768]), verify and decode
 . .device/prelude.sh && . tools/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|^\s+\^|suggestion|Spilled|reports spill|region, not|live across|expressions or'
+. tools/attn2/ab_helpers.sh
 export AB_ROUNDS=3 PYTHONUNBUFFERED=1
 V='("bf16", None, {}), ("bf16_nms64", None, {"node_min_steps": 64}), ("fp8", None, {"fp8": 1}), ("fp8_nms64", None, {"fp8": 1, "node_min_steps": 64})'
-ab() {   # ab LOG QLEN CASES TIMEOUT
-  AB_QLEN=$2 AB_VARIANTS="[$V]" AB_CASES="$3" timeout $4 python3 tools/attn2/ab.py 2>&1 | grep -Ev "$F" > $OUT/$1.log
-  echo "$1"; grep -E "^AB|Error|Traceback" $OUT/$1.log
-}
 case ${PART:-1} in
 1)
   ab tree_ab_verify 8 "[(128,16384,0,None),(64,16384,0,None),(32,16384,0,None),(16,16384,0,None),(16,32768,0,None),(8,32768,0,None),(16,12288,0,None)]" 330
