@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
+from .config import FP8_MAX, GROUP, HEAD_DIM, PAGE_SIZE, RMS_EPS
 
 ATOL, RTOL, MEAN_ATOL = 2e-2, 1e-2, 2e-3     # |err| <= ATOL + RTOL |ref| everywhere, mean |err| <= MEAN_ATOL
 # A layer step (qkv_front then attn2) against float64, or two backends' steps against each other:
@@ -85,13 +85,17 @@ def token_rows(kv_cache, page_table, r: int, lo: int, hi: int, k_scale=None, v_s
 
 
 def fp8_rows(rows: torch.Tensor, k_scale=None, v_scale=None) -> torch.Tensor:
-    """The bytes an FP8 cache holds for bf16-valued rows [..., Hkv, 128] (k' | v): torch's own
-    e4m3 conversion (round to nearest even, saturating) of the fp32 quotients by the scales."""
+    """The bytes an FP8 cache holds for bf16-valued rows [..., Hkv, 128] (k' | v): the fp32
+    quotients by the scales, saturated to +-FP8_MAX (NaN stays NaN), then torch's own e4m3
+    conversion (round to nearest even). The clamp first because torch's conversion saturates on
+    the CPU but not on the GPU, where a quotient beyond 448 became the NaN byte (the fiftieth
+    session's probe, bench/RESULTS.md)."""
     kv_heads = rows.shape[-2]
     f = rows.float()
     ks = scales_f64(k_scale, kv_heads, f.device).float()[:, None]
     vs = scales_f64(v_scale, kv_heads, f.device).float()[:, None]
-    return torch.cat((f[..., :HEAD_DIM] / ks, f[..., HEAD_DIM:] / vs), dim=-1).to(torch.float8_e4m3fn)
+    quotients = torch.cat((f[..., :HEAD_DIM] / ks, f[..., HEAD_DIM:] / vs), dim=-1)
+    return quotients.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def attn2_f64(y, kv_cache, page_table, seq_lens, *, q_len: int, window: int, scale: float, k_scale=None,

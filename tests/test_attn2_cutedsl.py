@@ -505,6 +505,48 @@ def test_development_knobs_bit_identical(q_len, window, knob, fp8):
 
 
 @gpu
+@pytest.mark.parametrize("q_len,fp8", [(8, False), (1, False), (8, True), (1, True)],
+                         ids=["verify", "decode", "verify_fp8", "decode_fp8"])
+def test_coarse_tree_at_many_kv_heads(q_len, fp8):
+    """A deployment of attn2_plan.COARSE_TREE_KV_HEADS KV heads takes the coarse tree
+    (attn2_plan.tree_knobs): both layouts and the host's pick give the same bits, within tolerance
+    of float64, and a request alone gives the bits it has in the batch; where the coarse tree
+    differs from the default (L = 4096-8191), the bits are the coarse tree's, and elsewhere the
+    default's. FP8 scales per tensor (fp8_scales' per-head ones overflow e4m3 at 16 heads)."""
+    A = _kernel()
+    hkv, msl = attn2_plan.COARSE_TREE_KV_HEADS, 1 << 17
+    lens = [q_len, 1000, 4096, 6000, 8192, 20000, 50000, 70000]
+    if fp8:
+        y, cache, pt, seq, ks, vs = make_case_fp8(lens, hkv, q_len, seed=53 + q_len, scales="tensor")
+    else:
+        y, cache, pt, seq = make_case(lens, hkv, q_len, seed=57 + q_len)
+        ks = vs = None
+    assert attn2_plan.launch_config(len(lens), hkv, q_len, 0, msl).two_node_steps == \
+        attn2_plan.COARSE_TREE["two_node_steps"]
+    ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=0, scale=SCALE, k_scale=ks, v_scale=vs)
+    kw = dict(q_len=q_len, window=0, max_seq_len=msl, k_scale=ks, v_scale=vs)
+    outs = []
+    for layout in (None, "deep", "wide"):
+        out, ws, err = run_kernel(A, y, cache, pt, seq, layout=layout, **kw)
+        assert int(err.item()) == 0 and counters_zero(A, ws, len(lens), hkv, q_len, 0, msl)
+        nbad, mx, mean = check_close(out, ref)
+        assert nbad == 0 and mean <= 2e-3, (layout, nbad, mx, mean)
+        outs.append((layout, out.view(torch.int16)))
+    for layout, out in outs[1:]:
+        assert torch.equal(out, outs[0][1]), layout
+    r = 3     # L = 6000: one node in the coarse tree, two in the default one
+    alone, _, _ = run_kernel(A, y[r * q_len:(r + 1) * q_len].contiguous(), cache, pt[r:r + 1].contiguous(),
+                             seq[r:r + 1].contiguous(), **kw)
+    assert torch.equal(alone.view(torch.int16), outs[0][1][r * q_len:(r + 1) * q_len])
+    default_tree = {"two_node_steps": attn2_plan.TWO_NODE_STEPS, "node_min_steps": attn2_plan.NODE_MIN_STEPS}
+    other, _, _ = run_kernel(A, y, cache, pt, seq, knobs=default_tree, **kw)
+    rows = slice(2 * q_len, 4 * q_len)     # L = 4096 and 6000: the trees differ there only
+    assert not torch.equal(other.view(torch.int16)[rows], outs[0][1][rows])
+    assert torch.equal(other.view(torch.int16)[:2 * q_len], outs[0][1][:2 * q_len])
+    assert torch.equal(other.view(torch.int16)[4 * q_len:], outs[0][1][4 * q_len:])
+
+
+@gpu
 @pytest.mark.parametrize("q_len,window", [(8, 0), (1, 2048)])
 def test_fp8_deterministic_and_batch_invariant(q_len, window):
     """Run to run, and a request alone (wide) against the same request in a batch of 48 (deep):

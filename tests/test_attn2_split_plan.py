@@ -84,6 +84,33 @@ def test_one_tree_for_both_dtypes_and_fp8_decode_knobs():
         assert "page_box" not in A.flipped_knobs(q_len, False)
 
 
+def test_coarse_tree_from_many_kv_heads():
+    """From COARSE_TREE_KV_HEADS KV heads a deployment without a window takes COARSE_TREE (one node
+    below 128 steps), in every variant it compiles and every launch it picks; fewer KV heads and
+    windows keep the default tree. The coarse tree has no more nodes at any L, so workspace_bytes
+    (sized by the default tree at every Hkv) holds its partials."""
+    assert A.tree_knobs(A.COARSE_TREE_KV_HEADS, 0) == A.COARSE_TREE
+    assert A.tree_knobs(A.COARSE_TREE_KV_HEADS - 1, 0) == {} and A.tree_knobs(A.COARSE_TREE_KV_HEADS, 2048) == {}
+    coarse = (A.COARSE_TREE.get("node_min_steps", A.NODE_MIN_STEPS),
+              A.COARSE_TREE.get("two_node_steps", A.TWO_NODE_STEPS))
+    for q_len in (1, 8):
+        for fp8 in (False, True):
+            for hkv, window in ((16, 0), (16, 2048), (8, 0), (2, 0)):
+                want = coarse if hkv >= A.COARSE_TREE_KV_HEADS and window == 0 else \
+                    (A.NODE_MIN_STEPS, A.TWO_NODE_STEPS)
+                for cfg in A.deployment_variants(hkv, q_len, window, 1 << 17, fp8=fp8):
+                    assert (cfg.node_min_steps, cfg.two_node_steps) == want, (hkv, window, cfg)
+                for r in (1, 2, 8, 32, 256):
+                    cfg = A.launch_config(r, hkv, q_len, window, 1 << 17, sm_count=132, fp8=fp8)
+                    assert (cfg.node_min_steps, cfg.two_node_steps) == want, (hkv, window, r)
+                    assert A.workspace_layout(cfg, r, hkv)[2] <= A.workspace_bytes(r, hkv, q_len, window, 1 << 17)
+    node_count = A.node_count
+    assert all(node_count(n, *coarse) <= node_count(n) for n in range(1, 1 << 15))
+    # L = 4096-8191 (64-127 steps): one node (the default tree: two); from 128 steps the default's
+    assert [node_count(n, *coarse) for n in (63, 64, 127)] == [1, 1, 1]
+    assert all(node_count(n, *coarse) == node_count(n) for n in list(range(1, 64)) + list(range(128, 1 << 15)))
+
+
 def test_occupancy_cap_spreads_grids_behind_an_early_trigger():
     """Every launch follows a qkv_front that triggers early, so it takes the smallest cap of CTAs
     an SM (below what its registers allow) under which its grid fits one wave; the cap's shared

@@ -170,7 +170,10 @@ def deployment_keys(max_seq_lens=DEPLOYMENT_MAX_SEQ_LENS):
         for window in (0, 2048):
             for msl in max_seq_lens:
                 for cfg in (attn2_plan.deployment_variants(2, q_len, window, msl)
-                            + attn2_plan.deployment_variants(2, q_len, window, msl, fp8=True)):
+                            + attn2_plan.deployment_variants(2, q_len, window, msl, fp8=True)
+                            + attn2_plan.deployment_variants(attn2_plan.COARSE_TREE_KV_HEADS, q_len, window, msl)
+                            + attn2_plan.deployment_variants(attn2_plan.COARSE_TREE_KV_HEADS, q_len, window, msl,
+                                                             fp8=True)):
                     key = ("attn2", cfg.compile_key, "")
                     if key not in seen:
                         seen.add(key)

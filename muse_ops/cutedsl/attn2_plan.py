@@ -41,6 +41,16 @@ NODES_MAX = 8          # most nodes (2 subs each) of one (request, KV head); cho
 # its bits do not depend on the batch.
 NODE_MIN_STEPS = 128   # ring steps per node from the third node on
 TWO_NODE_STEPS = 64    # ring steps from which a request has two nodes
+# A deployment of 16 KV heads a rank (TP1) takes one node below 128 steps (L < 8192) instead of
+# two from 64: its batch holds 16 (request, KV head) pairs a request, so B=32 fills the GPU as
+# B=256 at Hkv 2, and there a request's second node costs more than it spreads (a partial, a
+# ticket, the last arriver's fold). Faster at L = 4096 at B=32 (bf16 11%, FP8 13%; decode 5% and
+# 14%) and B=1, bf16 at B=8 (8%); FP8 B=8 5% slower. A node per 256 steps as well (2 nodes up to
+# L = 49151) was up to 29% slower for FP8 from L = 32768, so longer requests keep the default
+# tree (RESULTS.md, forty-ninth session). Hkv is a deployment constant: a request's bits still do
+# not depend on the batch (tree_knobs).
+COARSE_TREE_KV_HEADS = 16
+COARSE_TREE = {"two_node_steps": 128}
 WIDE_MAX_PAIRS = 24    # the wide layout runs up to this many (request, KV head) pairs per launch
                        # (at 24 pairs wide beats deep at L=4096 and 8192, not at L=16384: RESULTS.md)
 WIDE_MAX_PAIRS_WINDOW = 32   # the same for window deployments (choose_layout)
@@ -130,6 +140,13 @@ def sub_chunks(window: int) -> int:
     deployment only, so a request's bits do not depend on the batch (1, 2, 4 and 8 chunks per sub
     measured: bench/RESULTS.md)."""
     return WINDOW_SUB_CHUNKS if window > 0 else SUB_CHUNKS
+
+
+def tree_knobs(kv_heads: int, window: int) -> dict:
+    """The tree constants a deployment's variants take beyond the defaults: COARSE_TREE from
+    COARSE_TREE_KV_HEADS KV heads without a window (a window bounds a request to about 33 steps,
+    one node in either tree), none otherwise."""
+    return dict(COARSE_TREE) if kv_heads >= COARSE_TREE_KV_HEADS and window == 0 else {}
 
 
 def node_count(n_steps: int, node_min_steps: int = NODE_MIN_STEPS, two_node_steps: int = TWO_NODE_STEPS) -> int:
@@ -346,18 +363,21 @@ def deployment_layouts(window: int) -> tuple[str, ...]:
     return ("deep", "wide")
 
 
-def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", **over) -> "Attn2Config":
+def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", kv_heads: int = 2,
+            **over) -> "Attn2Config":
     if set(over) <= {"ctas_per_sm", "fp8"}:
         return _default_config(q_len, window, max_seq_len, layout, over.get("ctas_per_sm", 0),
-                               bool(over.get("fp8", False)))
-    return Attn2Config.create(q_len, window, max_seq_len, layout, **over)
+                               bool(over.get("fp8", False)), bool(tree_knobs(kv_heads, window)))
+    return Attn2Config.create(q_len, window, max_seq_len, layout, **{**tree_knobs(kv_heads, window), **over})
 
 
 @functools.lru_cache(maxsize=None)
 def _default_config(q_len: int, window: int, max_seq_len: int, layout: str, ctas_per_sm: int = 0,
-                    fp8: bool = False) -> "Attn2Config":
-    """A deployment's variant (cached: launch and workspace_bytes ask for it on every call)."""
-    return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm, fp8=fp8)
+                    fp8: bool = False, coarse: bool = False) -> "Attn2Config":
+    """A deployment's variant (cached: launch and workspace_bytes ask for it on every call);
+    coarse: the tree of COARSE_TREE."""
+    return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm, fp8=fp8,
+                              **(COARSE_TREE if coarse else {}))
 
 
 def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int,
@@ -381,7 +401,9 @@ def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: i
 def workspace_bytes(num_requests: int, kv_heads: int, q_len: int, window: int, max_seq_len: int) -> int:
     """Bytes for calls of up to num_requests requests (every layout uses the same slots; the
     counters sit at the end, so any smaller batch finds its counters where they were; an FP8
-    cache's variants have the same tree, slots and counters)."""
+    cache's variants have the same tree, slots and counters). Sized by the default tree at every
+    Hkv: the coarse tree (tree_knobs) has no more nodes at any L, so no more slots, and the bytes
+    stay linear in the pairs, as the C++ ops' tables need."""
     return workspace_layout(_config(q_len, window, max_seq_len), num_requests, kv_heads)[2]
 
 
@@ -392,20 +414,20 @@ def launch_config(num_requests: int, kv_heads: int, q_len: int, window: int, max
     over = dict(override or {})
     over.setdefault("fp8", bool(fp8))
     layout = over.pop("layout", choose_layout(num_requests, kv_heads, window))
-    cfg = _config(q_len, window, max_seq_len, layout, **over)
+    cfg = _config(q_len, window, max_seq_len, layout, kv_heads, **over)
     if "ctas_per_sm" in over:
         return cfg
     cap = occupancy_cap(cfg.ctas_per_pair * num_requests * kv_heads, cfg.cluster_size, sm_count,
                         OCCUPANCY_MAX_CAP[cfg.layout])
-    return _config(q_len, window, max_seq_len, layout, **over, ctas_per_sm=cap) if cap else cfg
+    return _config(q_len, window, max_seq_len, layout, kv_heads, **over, ctas_per_sm=cap) if cap else cfg
 
 
 def deployment_variants(kv_heads: int, q_len: int, window: int, max_seq_len: int,
                         fp8: bool = False) -> list["Attn2Config"]:
     """Every variant a deployment may launch, whatever its batch (what prepare compiles): each
     layout under each occupancy cap, over a float8_e4m3fn cache with fp8; kv_heads is a run-time
-    dimension of the kernel."""
-    return [_config(q_len, window, max_seq_len, layout, ctas_per_sm=cap, fp8=fp8)
+    dimension of the kernel, and picks the tree (tree_knobs)."""
+    return [_config(q_len, window, max_seq_len, layout, kv_heads, ctas_per_sm=cap, fp8=fp8)
             for layout in deployment_layouts(window) for cap in occupancy_caps(layout)]
 
 
@@ -418,7 +440,10 @@ def ci_variants(max_seq_lens=(2048, 32768, 262144), fp8_max_seq_lens=(2048, 2621
             for cfg in deployment_variants(2, q_len, window, msl)]
     fp8 = [cfg for q_len in SUPPORTED_Q_LENS for window in (0, 2048) for msl in fp8_max_seq_lens
            for cfg in deployment_variants(2, q_len, window, msl, fp8=True)]
-    return bf16 + fp8
+    # the coarse tree (tree_knobs) changes only the tree's constants: one deployment a dtype
+    coarse = [cfg for q_len in SUPPORTED_Q_LENS for fp8 in (False, True)
+              for cfg in deployment_variants(COARSE_TREE_KV_HEADS, q_len, 0, 32768, fp8=fp8)]
+    return bf16 + fp8 + coarse
 
 
 def flipped_knobs(q_len: int, fp8: bool) -> dict:

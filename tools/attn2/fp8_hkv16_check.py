@@ -17,12 +17,18 @@ from test_attn2_cutedsl import SCALE, _kernel, make_case_fp8, run_kernel  # noqa
 from muse_ops.testing import attn2_f64, tolerance_report  # noqa: E402
 
 A = _kernel()
+probe = torch.tensor([400.0, 448.0, 470.0, 480.0, 1000.0, -1000.0, float("inf")])
+print("e4m3 bytes of", probe.tolist(), "cpu", probe.to(torch.float8_e4m3fn).view(torch.uint8).tolist(),
+      "cuda", probe.cuda().to(torch.float8_e4m3fn).view(torch.uint8).tolist(), flush=True)
 HKV, MSL = 16, 1 << 17
 for q_len in [int(a) for a in sys.argv[1:]] or (8, 1):
     lens = [q_len, 1000, 4096, 6000, 8192, 20000, 50000, 70000]
     for scales in ("head", "tensor"):
         y, cache, pt, seq, ks, vs = make_case_fp8(lens, HKV, q_len, seed=53 + q_len, scales=scales)
         ref = attn2_f64(y, cache, pt, seq, q_len=q_len, window=0, scale=SCALE, k_scale=ks, v_scale=vs)
+        nan_bytes = (cache.view(torch.uint8) & 0x7F) == 0x7F
+        print(f"q_len {q_len} scales {scales}: NaN bytes in the cache per KV head (pool, poison included)",
+              nan_bytes.sum(dim=(0, 2, 3)).tolist())
         print(f"q_len {q_len} scales {scales}: ref NaN {int(torch.isnan(ref).sum())} inf {int(torch.isinf(ref).sum())}",
               flush=True)
         for knobs in (None, {"two_node_steps": 128}):
