@@ -87,9 +87,9 @@ def token_rows(kv_cache, page_table, r: int, lo: int, hi: int, k_scale=None, v_s
 def fp8_rows(rows: torch.Tensor, k_scale=None, v_scale=None) -> torch.Tensor:
     """The bytes an FP8 cache holds for bf16-valued rows [..., Hkv, 128] (k' | v): the fp32
     quotients by the scales, saturated to +-FP8_MAX (NaN stays NaN), then torch's own e4m3
-    conversion (round to nearest even). The clamp first because torch's conversion saturates on
-    the CPU but not on the GPU, where a quotient beyond 448 became the NaN byte (the fiftieth
-    session's probe, bench/RESULTS.md)."""
+    conversion (round to nearest even). The clamp comes first because not every torch saturates:
+    torch 2.11 (the GPU machine's) turned 470, 480, 1000 and inf into the NaN byte 0x7F, on the
+    CPU and on the GPU, where torch 2.13 gives 448 (bench/RESULTS.md, the fiftieth session)."""
     kv_heads = rows.shape[-2]
     f = rows.float()
     ks = scales_f64(k_scale, kv_heads, f.device).float()[:, None]

@@ -103,6 +103,19 @@ def test_fp8_conversion_rules():
         assert (g != g and e != e) or g == e, (got.tolist(), want)
 
 
+def test_fp8_rows_saturates_whatever_torch():
+    """The tests' oracle (testing.fp8_rows) saturates as the contract does whatever torch's own
+    conversion does past 448 (torch 2.11 gives the NaN byte there, 2.13 saturates): 470, 1000 and
+    inf become 0x7E, -1000 becomes 0xFE, NaN stays 0x7F, 448 and 464 (a tie: to even) stay 448."""
+    special = torch.tensor([448.0, 464.0, 470.0, 1000.0, float("inf"), -1000.0, float("nan"), 1.0])
+    rows = torch.ones(1, 1, 128)
+    rows[0, 0, :special.numel()] = special
+    rows[0, 0, HEAD_DIM:HEAD_DIM + special.numel()] = special
+    got = fp8_rows(rows).view(torch.uint8)[0, 0]
+    want = [0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE, 0x7F, 0x38]
+    assert got[:special.numel()].tolist() == want and got[HEAD_DIM:HEAD_DIM + special.numel()].tolist() == want
+
+
 # ------------------------------------------------------------------------------ attn2
 def _fp8_attn2_inputs(lengths, q_len, kv_heads, gen, device, k_scale, v_scale):
     """y and an FP8 cache whose rows a request holds are e4m3 of N(0,1) / scale (so the
