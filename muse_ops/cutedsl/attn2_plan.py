@@ -365,19 +365,19 @@ def deployment_layouts(window: int) -> tuple[str, ...]:
 
 def _config(q_len: int, window: int, max_seq_len: int, layout: str = "deep", kv_heads: int = 2,
             **over) -> "Attn2Config":
+    tree = tree_knobs(kv_heads, window)
     if set(over) <= {"ctas_per_sm", "fp8"}:
         return _default_config(q_len, window, max_seq_len, layout, over.get("ctas_per_sm", 0),
-                               bool(over.get("fp8", False)), bool(tree_knobs(kv_heads, window)))
-    return Attn2Config.create(q_len, window, max_seq_len, layout, **{**tree_knobs(kv_heads, window), **over})
+                               bool(over.get("fp8", False)), tuple(tree.items()))
+    return Attn2Config.create(q_len, window, max_seq_len, layout, **{**tree, **over})
 
 
 @functools.lru_cache(maxsize=None)
 def _default_config(q_len: int, window: int, max_seq_len: int, layout: str, ctas_per_sm: int = 0,
-                    fp8: bool = False, coarse: bool = False) -> "Attn2Config":
-    """A deployment's variant (cached: launch and workspace_bytes ask for it on every call);
-    coarse: the tree of COARSE_TREE."""
-    return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm, fp8=fp8,
-                              **(COARSE_TREE if coarse else {}))
+                    fp8: bool = False, tree: tuple = ()) -> "Attn2Config":
+    """A deployment's variant (cached: launch and workspace_bytes ask for it on every call); tree:
+    tree_knobs' items, as a key the cache can hash."""
+    return Attn2Config.create(q_len, window, max_seq_len, layout, ctas_per_sm=ctas_per_sm, fp8=fp8, **dict(tree))
 
 
 def can_implement(device, kv_heads: int, q_len: int, window: int, max_seq_len: int,

@@ -3,7 +3,7 @@
 # one node below 128 steps, L < 8192) beside the default tree of the other deployments (dflt:
 # two_node_steps 64), bf16 and FP8, with tools/attn2/ab.py (3 rounds, interleaved); then
 # tools/attn2/fp8_hkv16_check.py (FP8 at Hkv 16 with per-head and per-tensor scales against
-# float64, on the plan's tree and on two_node_steps 128). The forty-ninth session ran it before the
+# float64, on both trees). The forty-ninth session ran it before the
 # coarse tree was the plan (bench/RESULTS.md, that session's section). One call of under 600 s:
 #   bash tools/attn2/hkv_tree_ab_device.sh
 . .device/prelude.sh && . tools/device_env.sh
