@@ -211,6 +211,40 @@ def test_qkv_front_split_k_indexing():
                 assert len(banks) == 32, (heads, first_row, k)
 
 
+def test_qkv_front_landing_barriers_count_every_pushed_byte():
+    """The landing barriers' accounting (qkv_front_plan.landing_chunk_bytes, as the kernel's
+    init_landing computes it): for every split-cluster tile and split, the bytes each owner's
+    chunk waits for are exactly those the ranks push into it (every block of the tile, a partial
+    tile's padding too: 64 columns x block tokens of fp32 a head from each rank), chunk
+    owned_block // (LANDING_CHUNK_TOKENS / block), the chunk whose owned tokens an epilogue pass
+    of LANDING_CHUNK_TOKENS x heads rows holds; no chunk past the CTA's barriers receives any,
+    and a chunk's byte count fits an mbarrier's transaction count. Whole-K tiles have none."""
+    from muse_ops.cutedsl import qkv_front_plan as P
+    for tile in P.LAUNCH_TILES:
+        cfg = P.tile_config(tile, True)
+        if cfg.whole_k:
+            assert not cfg.landing_barriers
+            continue
+        assert cfg.landing_barriers
+        T, B, heads = cfg.token_tile, cfg.owner_block, cfg.heads_per_cta
+        chunks = P.landing_chunks(T)
+        assert (cfg.threads - 32) // 4 == P.LANDING_CHUNK_TOKENS * heads   # an epilogue pass's rows
+        for split in range(1, P.MAX_K_SPLIT + 1):
+            for rank in range(split):
+                pushed = [0] * (chunks + 1)
+                for b in range(T // B):
+                    if b % split == rank:
+                        chunk = (b // split) // (P.LANDING_CHUNK_TOKENS // B)
+                        pushed[min(chunk, chunks)] += split * heads * 64 * B * 4
+                assert pushed[chunks] == 0, (tile, split, rank)
+                counted = [P.landing_chunk_bytes(c, T, heads, split, rank, B) for c in range(chunks)]
+                assert counted == pushed[:chunks], (tile, split, rank, counted, pushed)
+                assert max(counted) < 2**20
+                # an epilogue pass's owned tokens lie in its own chunk
+                for own in range(P.owned_tokens(T, rank, split, B)):
+                    assert (own // B) // (P.LANDING_CHUNK_TOKENS // B) == own // P.LANDING_CHUNK_TOKENS
+
+
 def test_phase_stamps_compile_in_only_when_asked(tmp_path, monkeypatch):
     """The development timeline's hook (QkvFrontConfig.stamps, tools/qkv_front/timeline.py):
     a stamped variant reads the global timer once per phase; a production variant (stamps 0, what

@@ -92,6 +92,27 @@ def st_dsmem_f32x2(addr: Int32, v0: Float32, v1: Float32):
 
 
 @cute.jit
+def st_landing_f32x2(addr: Int32, v0: Float32, v1: Float32, mbar: Int32, signal: Int32):
+    """Two fp32 to an 8-byte aligned shared::cluster address: where signal != 0 as st.async, whose 8
+    bytes complete on the mbarrier at shared::cluster address mbar (in the same CTA as addr; the
+    cluster must hold more than one CTA), else as st_dsmem_f32x2 (no completion signal)."""
+    cute.arch.inline_ptx("{ .reg .pred p; setp.ne.s32 p, {$r4}, 0; "
+                         "@p st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [{$r0}], {{$r1}, {$r2}}, [{$r3}]; "
+                         "@!p st.shared::cluster.v2.f32 [{$r0}], {{$r1}, {$r2}}; }",
+                         read_only_args=[addr, v0, v1, mbar, signal])
+
+
+@cute.jit
+def mbarrier_wait_cluster(addr: Int32, parity: Int32):
+    """Wait for the phase of parity `parity` of the mbarrier at shared::cta address addr, with
+    acquire semantics at cluster scope: what peer CTAs' st.async released into it (at cluster
+    scope) is then visible to this thread."""
+    cute.arch.inline_ptx("{ .reg .pred P1; LAB_WAIT: "
+                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [{$r0}], {$r1}, 10000000; "
+                         "@P1 bra.uni DONE; bra.uni LAB_WAIT; DONE: }", read_only_args=[addr, parity])
+
+
+@cute.jit
 def wgmma_commit(mma_atom, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, zero_init: cutlass.Constexpr[bool]):
     """acc (+)= A B over the k blocks of tA / tB, issued as one committed wgmma group and not
     waited for: acc, and the smem tA / tB read, belong to the wgmma until a wait_group."""

@@ -60,15 +60,17 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
-from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mul_rn, pack_e4m3x4, pack_x2, select, set_error_bit,
-                  st_dsmem_f32x2)
-from .qkv_front_plan import (CONSUMER_REGISTERS, K_TILE, K_TILES, MAX_K_SPLIT, PRODUCER_REGISTERS,  # noqa: F401
-                             STAMP_PHASES, STAMP_PRODUCER_PHASES, STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS,
-                             QkvFrontConfig, ci_variants, deployment_variants, k_split, landing_offset, landing_slab,
-                             landing_slab_floats, launch_config, owned_token)
+from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mbarrier_wait_cluster, mul_rn, pack_e4m3x4, pack_x2, select, set_error_bit,
+                  st_dsmem_f32x2, st_landing_f32x2)
+from .qkv_front_plan import (CONSUMER_REGISTERS, K_TILE, K_TILES, LANDING_CHUNK_TOKENS, MAX_K_SPLIT,  # noqa: F401
+                             PRODUCER_REGISTERS, STAMP_PHASES, STAMP_PRODUCER_PHASES, STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS,
+                             QkvFrontConfig, ci_variants, deployment_variants, k_split, landing_chunks, landing_offset,
+                             landing_slab, landing_slab_floats, launch_config, owned_token)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
+# an epilogue pass holds 128 / ROW_THREADS rows a head: the owned tokens of one landing barrier
+assert LANDING_CHUNK_TOKENS == 128 // ROW_THREADS
 DIV_SHIFT = 16                  # b // S = (b ceil(2^16 / S)) >> 16, exact for b < 2^8 and S <= 3
 _INDEX = {"int32": Int32, "int64": Int64}
 
@@ -522,17 +524,57 @@ class SplitK:
     partial lands. The tile's tokens are owned in blocks of `block` (an accumulator column group),
     block b by rank b % split as its (b // split)-th owned block; the partial from rank `source` for
     head h of an owner's o-th block lands in slab qkv_front_plan.landing_slab(o, source, h) of the
-    owner's landing zone, at landing_offset(column, token % block) in it."""
+    owner's landing zone, at landing_offset(column, token % block) in it. With landing barriers
+    (QkvFrontConfig.landing_barriers) and a split of more than one, the pushes are st.async
+    stores that complete on the owner's barrier of their chunk (`landed`: one per
+    LANDING_CHUNK_TOKENS owned tokens, qkv_front_plan.landing_chunk_bytes), and each epilogue
+    pass waits for its own chunk."""
     place: ClusterPlace  # the rank and the split; the split's ranks are this pair's CTAs of the cluster
     sL: cute.Tensor      # this CTA's landing zone (fp32, over the ring)
+    landed: cute.Pointer | None   # the landing barriers (None without them)
     block: cutlass.Constexpr[int]
     heads: cutlass.Constexpr[int]
     slab_floats: cutlass.Constexpr[int]
+    chunks: cutlass.Constexpr[int]   # landing barriers (0 without them)
+    tile_blocks: cutlass.Constexpr[int]   # blocks of the tile (token_tile / block)
 
     @staticmethod
-    def create(place: ClusterPlace, ring: Ring, cfg: QkvFrontConfig) -> "SplitK":
-        return SplitK(place, ring.landing_zone(cfg.landing_bytes // 4), cfg.owner_block, cfg.heads_per_cta,
-                      landing_slab_floats(cfg.owner_block))
+    def create(place: ClusterPlace, ring: Ring, landed: cute.Pointer | None, cfg: QkvFrontConfig) -> "SplitK":
+        return SplitK(place, ring.landing_zone(cfg.landing_bytes // 4), landed, cfg.owner_block, cfg.heads_per_cta,
+                      landing_slab_floats(cfg.owner_block), landing_chunks(cfg.token_tile) if landed is not None else 0,
+                      cfg.token_tile // cfg.owner_block)
+
+    @cute.jit
+    def signals(self) -> Int32:
+        """1 where the pushes signal the landing barriers (a split of more than one: st.async needs
+        a cluster of several CTAs), else 0 (plain stores, then a cluster barrier)."""
+        return Int32(self.split > 1) if const_expr(self.chunks > 0) else Int32(0)
+
+    @cute.jit
+    def init_landing(self):
+        """One lane of the producer warp, before the CTA's first barrier: each landing barrier
+        takes one arrival, this one, which registers the bytes its chunk receives (none where the
+        pushes do not signal: its phase then completes here). Peers complete bytes on them only
+        after the cluster barrier that follows the main loop, so the release fence of the
+        initialisation reaches them first."""
+        if const_expr(self.chunks > 0):
+            with cute.arch.elect_one():
+                per_chunk = LANDING_CHUNK_TOKENS // self.block
+                owned = (self.tile_blocks - self.rank + self.split - 1) // self.split   # the rank's blocks
+                for c in cutlass.range_constexpr(self.chunks):
+                    cute.arch.mbarrier_init(self.landed + c, 1)
+                cute.arch.mbarrier_init_fence()
+                for c in cutlass.range_constexpr(self.chunks):
+                    blocks = cutlass.min(cutlass.max(owned - c * per_chunk, Int32(0)), Int32(per_chunk))
+                    chunk_bytes = blocks * self.split * (self.heads * HEAD_DIM * self.block * 4) * self.signals()
+                    cute.arch.mbarrier_arrive_and_expect_tx(self.landed + c, chunk_bytes)
+
+    @cute.jit
+    def wait_landed(self, chunk: Int32):
+        """Chunk `chunk` of this CTA's landing zone holds every rank's partial (its phase 0),
+        acquired at cluster scope (the peers' st.async release their bytes there)."""
+        if const_expr(self.chunks > 0):
+            mbarrier_wait_cluster((self.landed + chunk).toint(), Int32(0))
 
     @property
     def rank(self) -> Int32:
@@ -877,11 +919,14 @@ class QkvFrontSm90:
         smem = SmemAllocator()
         ring = Ring.allocate(smem, sW_layout, sX_layout, self.stages, place, self.cfg)
         indices = TileIndices.allocate(smem, self.token_tile, self.rope)
-        split_k = SplitK.create(place, ring, self.cfg)
+        landed = (smem.allocate_array(Int64, landing_chunks(self.token_tile), byte_alignment=8)
+                  if self.cfg.landing_barriers else None)
+        split_k = SplitK.create(place, ring, landed, self.cfg)
         tma = TmaLoads(tma_w, mW_tma, tma_x, mX_tma, box_atoms, box_tensors, mc_atoms, mc_tensors)
         if warp == self.producer_warp:
             tma.prefetch()
             ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA writing the ring)
+            split_k.init_landing()
         if const_expr(multicast):
             # the peers' copies and arrives land in this CTA's ring: every barrier initialised first
             cute.arch.cluster_arrive_relaxed()
@@ -918,7 +963,11 @@ class QkvFrontSm90:
                 self.rings_drained()
             else:
                 self.consume_and_push(ring, k_tiles, split, split_k, place, warp, tidx)
-            self.partials_landed()
+            if const_expr(self.cfg.landing_barriers):
+                if split_k.signals() == 0:   # plain stores: every push lands before any epilogue
+                    self.partials_landed()
+            else:
+                self.partials_landed()
             self.stamp("pushed")
 
             # ---- epilogue: the owners' rows, summed, normed, stored (none in a helper CTA)
@@ -937,6 +986,10 @@ class QkvFrontSm90:
             cache = KvCache.create(mCache, mErr, mKScale, mVScale)
             self.epilogue(Epilogue.create(self.cfg, split_k, tokens, head_group, indices, mCS, mY, cache))
             self.stamp("done")
+        # every push into this CTA has landed (also the chunks it owns no row of: the peers push a
+        # partial tile's padding blocks too) before its shared memory may go to another CTA
+        for c in cutlass.range_constexpr(split_k.chunks):
+            split_k.wait_landed(c)
 
     @cute.jit
     def produce(self, producer: Producer, indices: TileIndices, mPos: cute.Tensor, mSlot: cute.Tensor,
@@ -1100,13 +1153,18 @@ class QkvFrontSm90:
         columns, 2 row halves, column groups)), so it stores 8 bytes at a time; with blocks of 8 a
         warp's store of one column group is 256 contiguous bytes to one owner. A store to a peer
         needs no reply, so the warps go on as soon as they are issued (an owner pulling the
-        partials instead would wait on its loads in every epilogue pass, bench/RESULTS.md)."""
+        partials instead would wait on its loads in every epilogue pass, bench/RESULTS.md). With
+        landing barriers the stores are st.async, each completing its 8 bytes on the owner's
+        barrier of the chunk its block lies in (SplitK.init_landing), where the split signals."""
         thr = self.tiled_mma().get_slice(wg_tidx)
         coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
         magic = split_k.magic()
         # the landing zone's address in each rank's window (ranks past the split: the last one, unused)
-        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, split_k.place.own(
-            cutlass.min(Int32(r), split_k.split - 1))).toint() for r in range(MAX_K_SPLIT)]
+        owners = [split_k.place.own(cutlass.min(Int32(r), split_k.split - 1)) for r in range(MAX_K_SPLIT)]
+        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, owners[r]).toint() for r in range(MAX_K_SPLIT)]
+        signals = split_k.signals()
+        # a rank's landing barriers lie at the same distance from its landing zone in every window
+        to_barriers = split_k.landed.toint() - split_k.sL.iterator.toint() if const_expr(split_k.chunks > 0) else 0
         for group in cutlass.range_constexpr(cute.size(acc) // 4):   # column groups of 8 tokens
             for half in cutlass.range_constexpr(2):                   # row halves
                 i = 4 * group + 2 * half
@@ -1118,7 +1176,12 @@ class QkvFrontSm90:
                 for r in cutlass.range_constexpr(1, MAX_K_SPLIT):
                     owner_base = owner_base + Int32(owner == r) * (base[r] - base[0])
                 offset = split_k.slab(owned, split_k.rank, wg) + landing_offset(c, t % split_k.block, split_k.block)
-                st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
+                if const_expr(split_k.chunks > 0):
+                    chunk = owned // (LANDING_CHUNK_TOKENS // split_k.block)
+                    st_landing_f32x2(owner_base + offset * 4, acc[i], acc[i + 1], owner_base + to_barriers + chunk * 8,
+                                     signals)
+                else:
+                    st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
 
     @cute.jit
     def epilogue(self, ep: Epilogue):
@@ -1133,6 +1196,7 @@ class QkvFrontSm90:
                 ep.cos_sin.advance()
                 if base + self.rows_per_pass < ep.rows:
                     ep.load_cos_sin_ahead(cutlass.min(base + self.rows_per_pass + ep.lane_row, ep.rows - 1))
+            ep.split_k.wait_landed(base // self.rows_per_pass)   # this pass's chunk has landed
             p = ep.split_k_sum(row)
             out = ep.norm_rope(p, row)
             ep.store(out, row)

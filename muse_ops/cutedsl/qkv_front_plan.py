@@ -42,6 +42,18 @@ SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB
 # smallest tiles spread 8 tokens over the 3 owners as 4 / 2 / 2 (blocks of 8 give one owner all 8).
 OWNER_BLOCK = 8
 SMALL_TILE_OWNER_BLOCK = 2
+# Landing barriers (QkvFrontConfig.landing_barriers: the split-cluster tiles): an owner's epilogue
+# runs in passes of LANDING_CHUNK_TOKENS owned tokens (a quad of lanes a (token, head) row, 128
+# threads a head), and each pass waits only for its own chunk of the landing zone: the ranks push
+# with st.async, whose bytes complete on the owner's mbarrier of that chunk (landing_chunk_bytes
+# of them, registered when the barriers are initialised), so an owner sums, norms and stores its
+# first tokens while the later ones are still crossing the cluster, instead of waiting for every
+# push at a cluster barrier. The split-K push moves 2 / 3 of a CTA's fp32 accumulator (86 KB at
+# 256 x 2, K split 3) over the SM-to-SM network, about as long as the epilogue (RESULTS.md, the
+# thirty-ninth session's timeline). Only the synchronisation changes: the partials, their places
+# and the order they are added in are the same, so are the bits. st.async needs a cluster of more
+# than one CTA: a split of 1 (Hkv 4 to 7) keeps the plain stores and a cluster barrier.
+LANDING_CHUNK_TOKENS = 32
 INDEX_DTYPES = ("int32", "int64")
 # A partial token tile (the last of a launch whose M is not a multiple of the tile) loads x in boxes
 # of X_BOX_MIN_ROWS x 2^k rows that together cover its rows rounded up to X_BOX_MIN_ROWS, at most
@@ -254,6 +266,24 @@ def landing_bytes(token_tile: int, heads_per_cta: int, block: int = OWNER_BLOCK)
     return (token_tile // block + MAX_K_SPLIT - 1) * heads_per_cta * landing_slab_floats(block) * 4
 
 
+def landing_chunks(token_tile: int) -> int:
+    """Landing barriers a CTA of this tile holds: one per LANDING_CHUNK_TOKENS owned tokens (a
+    split of 1 owns the whole tile)."""
+    return -(-token_tile // LANDING_CHUNK_TOKENS)
+
+
+def landing_chunk_bytes(chunk: int, token_tile: int, heads_per_cta: int, split: int, rank: int,
+                        block: int = OWNER_BLOCK) -> int:
+    """Bytes that land in chunk `chunk` of rank's landing zone: each of the split's ranks pushes
+    every block of the tile (a partial tile's too), 64 columns x block tokens of fp32 a head, and
+    the chunk holds the rank's owned blocks [chunk c, (chunk + 1) c), c = LANDING_CHUNK_TOKENS /
+    block. The kernel computes this with the same integer operations."""
+    per_chunk = LANDING_CHUNK_TOKENS // block
+    owned = (token_tile // block - rank + split - 1) // split
+    blocks = min(max(owned - chunk * per_chunk, 0), per_chunk)
+    return blocks * split * heads_per_cta * HEAD_DIM * block * 4
+
+
 def landing_slab(owned_block: int, source: int, head: int, split: int, heads_per_cta: int) -> int:
     """The slab index of an owner's landing zone that holds its owned_block-th block's partial
     from rank `source` for head `head`. The kernel calls this (and landing_offset, owned_token) on
@@ -345,6 +375,12 @@ class QkvFrontConfig:
         if not (self.pdl and self.trigger):
             return None
         return "last_load" if self.token_tile <= TRIGGER_AT_LAST_LOAD_TILE else "main_loop"
+
+    @property
+    def landing_barriers(self) -> bool:
+        """Whether an owner waits for its landing zone chunk by chunk (LANDING_CHUNK_TOKENS): the
+        split-cluster tiles; a whole-K CTA lands its own sum in its own shared memory."""
+        return not self.whole_k
 
     @property
     def stage_bytes(self) -> int:

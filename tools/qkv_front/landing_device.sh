@@ -1,0 +1,31 @@
+# GPU machine (carry .device and OLD): qkv_front's landing barriers (the split-K push as st.async
+# into per-chunk barriers, each epilogue pass waiting for its own chunk) against the kernel before
+# them, OLD (`git show REV:muse_ops/cutedsl/qkv_front.py > build/qkv_front_old.py`), timed in
+# alternation by tools/qkv_front/ab.py (bits checked against OLD and float64) at the split-cluster
+# rows of issue 49 and a split-of-1 control (Hkv 4: plain stores in both); then the qkv_front GPU
+# (PART=ab, about 6 minutes); then the qkv_front GPU tests, memcheck and synccheck of the sanitizer
+# cases (PART=check, about 9); the ncu of Hkv 2 M=512 (PART=ncu).
+#   OLD=build/qkv_front_old.py PART=ab bash tools/qkv_front/landing_device.sh
+. .device/prelude.sh && . tools/device_env.sh
+F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|Warning|static loop'
+V="{'kernel': '$OLD'};{};{'kernel': '$OLD'};{}"
+ab() {   # ab HKV M,... TIMEOUT
+  AB_HKV=$1 AB_M=$2 AB_ROUNDS=${AB_ROUNDS:-5} AB_VARIANTS="$V" timeout $3 python3 tools/qkv_front/ab.py > $OUT/ab_hkv$1.log 2>&1
+  echo "Hkv $1 rc=$?"; grep -Ev "$F" $OUT/ab_hkv$1.log | grep -E "^M=|Error|Traceback|DIFFERENT|False" | tail -40
+}
+if [ "$PART" = ab ]; then
+ab 2 8,64,256,512 140
+ab 1 512,1024 80
+ab 16 256,512 110
+ab 4 256 60
+elif [ "$PART" = check ]; then
+timeout 240 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -x -p no:cacheprovider > $OUT/tests.log 2>&1
+echo "tests rc=$?"; grep -Ev "$F" $OUT/tests.log | tail -5
+for tool in memcheck synccheck; do
+  timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/qkv_front/sanitize_case.py > $OUT/$tool.log 2>&1
+  echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Traceback" $OUT/$tool.log | tail -3
+done
+else
+bash tools/qkv_front/ncu.sh 512 2
+fi
+true
