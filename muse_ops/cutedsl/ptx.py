@@ -92,14 +92,18 @@ def st_dsmem_f32x2(addr: Int32, v0: Float32, v1: Float32):
 
 
 @cute.jit
-def st_landing_f32x2(addr: Int32, v0: Float32, v1: Float32, mbar: Int32, signal: Int32):
-    """Two fp32 to an 8-byte aligned shared::cluster address: where signal != 0 as st.async, whose 8
-    bytes complete on the mbarrier at shared::cluster address mbar (in the same CTA as addr; the
-    cluster must hold more than one CTA), else as st_dsmem_f32x2 (no completion signal)."""
-    cute.arch.inline_ptx("{ .reg .pred p; setp.ne.s32 p, {$r4}, 0; "
-                         "@p st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [{$r0}], {{$r1}, {$r2}}, [{$r3}]; "
-                         "@!p st.shared::cluster.v2.f32 [{$r0}], {{$r1}, {$r2}}; }",
-                         read_only_args=[addr, v0, v1, mbar, signal])
+def st_landing_f32x2(addr: Int32, local: Int32, v0: Float32, v1: Float32, mbar: Int32, mode: Int32):
+    """Two fp32 into a landing zone, by mode: 1, as st.async to the 8-byte aligned shared::cluster
+    address addr, its 8 bytes completing on the mbarrier at shared::cluster address mbar (in the
+    CTA of addr; the cluster must hold more than one CTA); 2, to this CTA's shared::cta address
+    local (no signal: the storing thread arrives on the barrier after its stores); 0, to addr with
+    st.shared::cluster (no signal)."""
+    cute.arch.inline_ptx("{ .reg .pred a, l, c; setp.eq.s32 a, {$r5}, 1; setp.eq.s32 l, {$r5}, 2; "
+                         "setp.eq.s32 c, {$r5}, 0; "
+                         "@a st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [{$r0}], {{$r2}, {$r3}}, [{$r4}]; "
+                         "@l st.shared.v2.f32 [{$r1}], {{$r2}, {$r3}}; "
+                         "@c st.shared::cluster.v2.f32 [{$r0}], {{$r2}, {$r3}}; }",
+                         read_only_args=[addr, local, v0, v1, mbar, mode])
 
 
 @cute.jit

@@ -551,23 +551,35 @@ class SplitK:
         return Int32(self.split > 1) if const_expr(self.chunks > 0) else Int32(0)
 
     @cute.jit
-    def init_landing(self):
+    def init_landing(self, consumer_threads: cutlass.Constexpr[int]):
         """One lane of the producer warp, before the CTA's first barrier: each landing barrier
-        takes one arrival, this one, which registers the bytes its chunk receives (none where the
-        pushes do not signal: its phase then completes here). Peers complete bytes on them only
-        after the cluster barrier that follows the main loop, so the release fence of the
-        initialisation reaches them first."""
+        waits for this lane's arrival, which registers the bytes the peers push into its chunk
+        (none where the pushes do not signal: its phase then completes here), and where they
+        signal for one arrival of each consumer thread once its own rank's share is stored (that
+        share stays in this CTA: plain shared stores). Peers complete bytes on them only after the
+        cluster barrier that follows the main loop, so the release fence of the initialisation
+        reaches them first."""
         if const_expr(self.chunks > 0):
             with cute.arch.elect_one():
                 per_chunk = LANDING_CHUNK_TOKENS // self.block
                 owned = (self.tile_blocks - self.rank + self.split - 1) // self.split   # the rank's blocks
+                signals = self.signals()
                 for c in cutlass.range_constexpr(self.chunks):
-                    cute.arch.mbarrier_init(self.landed + c, 1)
+                    cute.arch.mbarrier_init(self.landed + c, 1 + consumer_threads * signals)
                 cute.arch.mbarrier_init_fence()
                 for c in cutlass.range_constexpr(self.chunks):
                     blocks = cutlass.min(cutlass.max(owned - c * per_chunk, Int32(0)), Int32(per_chunk))
-                    chunk_bytes = blocks * self.split * (self.heads * HEAD_DIM * self.block * 4) * self.signals()
+                    chunk_bytes = blocks * (self.split - 1) * (self.heads * HEAD_DIM * self.block * 4) * signals
                     cute.arch.mbarrier_arrive_and_expect_tx(self.landed + c, chunk_bytes)
+
+    @cute.jit
+    def own_share_stored(self):
+        """A consumer thread, after its pushes: its stores of its own rank's share are released
+        to the landing barriers (every chunk, whether or not it stored into it)."""
+        if const_expr(self.chunks > 0):
+            if self.signals() != 0:
+                for c in cutlass.range_constexpr(self.chunks):
+                    cute.arch.mbarrier_arrive(self.landed + c)
 
     @cute.jit
     def wait_landed(self, chunk: Int32):
@@ -926,7 +938,7 @@ class QkvFrontSm90:
         if warp == self.producer_warp:
             tma.prefetch()
             ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA writing the ring)
-            split_k.init_landing()
+            split_k.init_landing(self.consumer_threads)
         if const_expr(multicast):
             # the peers' copies and arrives land in this CTA's ring: every barrier initialised first
             cute.arch.cluster_arrive_relaxed()
@@ -1165,6 +1177,7 @@ class QkvFrontSm90:
         signals = split_k.signals()
         # a rank's landing barriers lie at the same distance from its landing zone in every window
         to_barriers = split_k.landed.toint() - split_k.sL.iterator.toint() if const_expr(split_k.chunks > 0) else 0
+        local = split_k.sL.iterator.toint()
         for group in cutlass.range_constexpr(cute.size(acc) // 4):   # column groups of 8 tokens
             for half in cutlass.range_constexpr(2):                   # row halves
                 i = 4 * group + 2 * half
@@ -1178,10 +1191,12 @@ class QkvFrontSm90:
                 offset = split_k.slab(owned, split_k.rank, wg) + landing_offset(c, t % split_k.block, split_k.block)
                 if const_expr(split_k.chunks > 0):
                     chunk = owned // (LANDING_CHUNK_TOKENS // split_k.block)
-                    st_landing_f32x2(owner_base + offset * 4, acc[i], acc[i + 1], owner_base + to_barriers + chunk * 8,
-                                     signals)
+                    mode = signals * (1 + Int32(owner == split_k.rank))   # 1: to a peer, 2: to this CTA
+                    st_landing_f32x2(owner_base + offset * 4, local + offset * 4, acc[i], acc[i + 1],
+                                     owner_base + to_barriers + chunk * 8, mode)
                 else:
                     st_dsmem_f32x2(owner_base + offset * 4, acc[i], acc[i + 1])
+        split_k.own_share_stored()
 
     @cute.jit
     def epilogue(self, ep: Epilogue):

@@ -9,14 +9,16 @@
 . .device/prelude.sh && . tools/device_env.sh
 F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|Warning|static loop'
 V="{'kernel': '$OLD'};{};{'kernel': '$OLD'};{}"
+# MID=path: a third source, timed between the two (three-way A/B)
+[ -n "$MID" ] && V="{'kernel': '$OLD'};{'kernel': '$MID'};{};{'kernel': '$OLD'};{'kernel': '$MID'};{}"
 ab() {   # ab HKV M,... TIMEOUT
   AB_HKV=$1 AB_M=$2 AB_ROUNDS=${AB_ROUNDS:-5} AB_VARIANTS="$V" timeout $3 python3 tools/qkv_front/ab.py > $OUT/ab_hkv$1.log 2>&1
   echo "Hkv $1 rc=$?"; grep -Ev "$F" $OUT/ab_hkv$1.log | grep -E "^M=|Error|Traceback|DIFFERENT|False" | tail -40
 }
 if [ "$PART" = ab ]; then
-ab 2 8,64,256,512 140
-ab 1 512,1024 80
-ab 16 256,512 110
+ab 2 8,64,256,512 200
+ab 1 512,1024 100
+ab 16 256,512 150
 ab 4 256 60
 elif [ "$PART" = check ]; then
 timeout 240 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -x -p no:cacheprovider > $OUT/tests.log 2>&1
