@@ -214,8 +214,8 @@ def test_qkv_front_split_k_indexing():
 def test_qkv_front_landing_barriers_count_every_pushed_byte():
     """The landing barriers' accounting (qkv_front_plan.landing_chunk_bytes, as the kernel's
     init_landing computes it): for every split-cluster tile and split, the bytes each owner's
-    chunk waits for are exactly those the ranks push into it (every block of the tile, a partial
-    tile's padding too: 64 columns x block tokens of fp32 a head from each rank), chunk
+    chunk waits for are exactly those its peers push into it (every block of the tile, a partial
+    tile's padding too: 64 columns x block tokens of fp32 a head from each other rank), chunk
     owned_block // (LANDING_CHUNK_TOKENS / block), the chunk whose owned tokens an epilogue pass
     of LANDING_CHUNK_TOKENS x heads rows holds; no chunk past the CTA's barriers receives any,
     and a chunk's byte count fits an mbarrier's transaction count. Whole-K tiles have none."""
@@ -235,7 +235,7 @@ def test_qkv_front_landing_barriers_count_every_pushed_byte():
                 for b in range(T // B):
                     if b % split == rank:
                         chunk = (b // split) // (P.LANDING_CHUNK_TOKENS // B)
-                        pushed[min(chunk, chunks)] += split * heads * 64 * B * 4
+                        pushed[min(chunk, chunks)] += (split - 1) * heads * 64 * B * 4
                 assert pushed[chunks] == 0, (tile, split, rank)
                 counted = [P.landing_chunk_bytes(c, T, heads, split, rank, B) for c in range(chunks)]
                 assert counted == pushed[:chunks], (tile, split, rank, counted, pushed)

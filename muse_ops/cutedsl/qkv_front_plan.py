@@ -44,11 +44,12 @@ OWNER_BLOCK = 8
 SMALL_TILE_OWNER_BLOCK = 2
 # Landing barriers (QkvFrontConfig.landing_barriers: the split-cluster tiles): an owner's epilogue
 # runs in passes of LANDING_CHUNK_TOKENS owned tokens (a quad of lanes a (token, head) row, 128
-# threads a head), and each pass waits only for its own chunk of the landing zone: the ranks push
+# threads a head), and each pass waits only for its own chunk of the landing zone: the peers push
 # with st.async, whose bytes complete on the owner's mbarrier of that chunk (landing_chunk_bytes
-# of them, registered when the barriers are initialised), so an owner sums, norms and stores its
-# first tokens while the later ones are still crossing the cluster, instead of waiting for every
-# push at a cluster barrier. The split-K push moves 2 / 3 of a CTA's fp32 accumulator (86 KB at
+# of them, registered when the barriers are initialised), a rank's own share stays in its CTA
+# (plain shared stores, then an arrival of each consumer thread on every chunk's barrier), so an
+# owner sums, norms and stores its first tokens while the later ones are still crossing the
+# cluster, instead of waiting for every push at a cluster barrier. The split-K push moves 2 / 3 of a CTA's fp32 accumulator (86 KB at
 # 256 x 2, K split 3) over the SM-to-SM network, about as long as the epilogue (RESULTS.md, the
 # thirty-ninth session's timeline). Only the synchronisation changes: the partials, their places
 # and the order they are added in are the same, so are the bits. st.async needs a cluster of more
@@ -274,14 +275,15 @@ def landing_chunks(token_tile: int) -> int:
 
 def landing_chunk_bytes(chunk: int, token_tile: int, heads_per_cta: int, split: int, rank: int,
                         block: int = OWNER_BLOCK) -> int:
-    """Bytes that land in chunk `chunk` of rank's landing zone: each of the split's ranks pushes
-    every block of the tile (a partial tile's too), 64 columns x block tokens of fp32 a head, and
-    the chunk holds the rank's owned blocks [chunk c, (chunk + 1) c), c = LANDING_CHUNK_TOKENS /
-    block. The kernel computes this with the same integer operations."""
+    """Bytes the peers' st.async complete on chunk `chunk` of rank's landing barriers: each of the
+    split's other ranks pushes every block of the tile (a partial tile's too), 64 columns x block
+    tokens of fp32 a head, and the chunk holds the rank's owned blocks [chunk c, (chunk + 1) c),
+    c = LANDING_CHUNK_TOKENS / block (the rank's own share lands by plain stores). The kernel
+    computes this with the same integer operations."""
     per_chunk = LANDING_CHUNK_TOKENS // block
     owned = (token_tile // block - rank + split - 1) // split
     blocks = min(max(owned - chunk * per_chunk, 0), per_chunk)
-    return blocks * split * heads_per_cta * HEAD_DIM * block * 4
+    return blocks * (split - 1) * heads_per_cta * HEAD_DIM * block * 4
 
 
 def landing_slab(owned_block: int, source: int, head: int, split: int, heads_per_cta: int) -> int:

@@ -2,10 +2,10 @@
 # into per-chunk barriers, each epilogue pass waiting for its own chunk) against the kernel before
 # them, OLD (`git show REV:muse_ops/cutedsl/qkv_front.py > build/qkv_front_old.py`), timed in
 # alternation by tools/qkv_front/ab.py (bits checked against OLD and float64) at the split-cluster
-# rows of issue 49 and a split-of-1 control (Hkv 4: plain stores in both); then the qkv_front GPU
-# (PART=ab, about 6 minutes); then the qkv_front GPU tests, memcheck and synccheck of the sanitizer
-# cases (PART=check, about 9); the ncu of Hkv 2 M=512 (PART=ncu).
-#   OLD=build/qkv_front_old.py PART=ab bash tools/qkv_front/landing_device.sh
+# rows of issue 49 and a split-of-1 control (Hkv 4: plain stores in both), and the qkv_front GPU
+# tests (PART=ab, about 9 minutes); then the GPU tests again, memcheck and
+# synccheck of the sanitizer cases (PART=check, about 9); the ncu of Hkv 2 M=512 (PART=ncu).
+#   OLD=build/qkv_front_old.py [MID=...] PART=ab bash tools/qkv_front/landing_device.sh
 . .device/prelude.sh && . tools/device_env.sh
 F='^\s*[|>]|^\s*$|remark|-->|in function|^ptxas|Warning|static loop'
 V="{'kernel': '$OLD'};{};{'kernel': '$OLD'};{}"
@@ -16,10 +16,12 @@ ab() {   # ab HKV M,... TIMEOUT
   echo "Hkv $1 rc=$?"; grep -Ev "$F" $OUT/ab_hkv$1.log | grep -E "^M=|Error|Traceback|DIFFERENT|False" | tail -40
 }
 if [ "$PART" = ab ]; then
-ab 2 8,64,256,512 200
-ab 1 512,1024 100
-ab 16 256,512 150
-ab 4 256 60
+ab 2 64,256,512 150
+ab 1 512 60
+ab 16 256 70
+ab 4 256 50
+timeout 220 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -x -p no:cacheprovider > $OUT/tests.log 2>&1
+echo "tests rc=$?"; grep -Ev "$F" $OUT/tests.log | tail -5
 elif [ "$PART" = check ]; then
 timeout 240 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -x -p no:cacheprovider > $OUT/tests.log 2>&1
 echo "tests rc=$?"; grep -Ev "$F" $OUT/tests.log | tail -5
