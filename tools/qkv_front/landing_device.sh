@@ -16,11 +16,11 @@ ab() {   # ab HKV M,... TIMEOUT
   echo "Hkv $1 rc=$?"; grep -Ev "$F" $OUT/ab_hkv$1.log | grep -E "^M=|Error|Traceback|DIFFERENT|False" | tail -40
 }
 if [ "$PART" = ab ]; then
-ab 2 64,256,512 150
-ab 1 512 60
-ab 16 256 70
-ab 4 256 50
-timeout 220 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -x -p no:cacheprovider > $OUT/tests.log 2>&1
+ab 2 64,256,512 130
+ab 1 512 55
+ab 16 256 65
+ab 4 256 45
+timeout ${TESTS_S:-200} python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -x -p no:cacheprovider > $OUT/tests.log 2>&1
 echo "tests rc=$?"; grep -Ev "$F" $OUT/tests.log | tail -5
 elif [ "$PART" = check ]; then
 timeout 240 python3 -m pytest -q -m gpu tests/test_qkv_front_cutedsl.py -x -p no:cacheprovider > $OUT/tests.log 2>&1
