@@ -218,14 +218,13 @@ def test_qkv_front_landing_barriers_count_every_pushed_byte():
     tile's padding too: 64 columns x block tokens of fp32 a head from each other rank), chunk
     owned_block // (LANDING_CHUNK_TOKENS / block), the chunk whose owned tokens an epilogue pass
     of LANDING_CHUNK_TOKENS x heads rows holds; no chunk past the CTA's barriers receives any,
-    and a chunk's byte count fits an mbarrier's transaction count. Whole-K tiles have none."""
+    and a chunk's byte count fits an mbarrier's transaction count."""
     from muse_ops.cutedsl import qkv_front_plan as P
     for tile in P.LAUNCH_TILES:
-        cfg = P.tile_config(tile, True)
-        if cfg.whole_k:
-            assert not cfg.landing_barriers
+        if tile.whole_k:
             continue
-        assert cfg.landing_barriers
+        cfg = P.QkvFrontConfig.create(tile.tokens, tile.heads, True, k_tiles_per_stage=tile.k_tiles_per_stage,
+                                      x_multicast=tile.x_multicast, landing_barriers=True)
         T, B, heads = cfg.token_tile, cfg.owner_block, cfg.heads_per_cta
         chunks = P.landing_chunks(T)
         assert (cfg.threads - 32) // 4 == P.LANDING_CHUNK_TOKENS * heads   # an epilogue pass's rows

@@ -229,6 +229,28 @@ def test_whole_k_tiles_keep_the_bits(kv_heads, cos_sin):
         assert torch.equal(y_again.view(torch.int16), y_all.view(torch.int16)), (tile, hpc, "run to run")
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2, 4, 8, 16])   # K splits 3, 3, 1, 2, 2
+def test_landing_barriers_keep_the_bits(kv_heads, cos_sin):
+    """Landing barriers (QkvFrontConfig.landing_barriers: the peers' pushes as st.async completing
+    on per-chunk barriers, each epilogue pass waiting for its own chunk) change only when an owner
+    may read its landing zone: the same y and cache bits as the default launch, at every
+    split-cluster tile shape (blocks of 2 and 8, one and two heads, the x multicast tile), at a
+    whole and a partial last tile and at fewer tokens than the tile (chunks that receive only
+    padding blocks), run to run; at Hkv 4 (a split of 1) through the plain stores and the cluster
+    barrier; no row outside the launch's slots written."""
+    Q = _kernel()
+    inputs, y_all, rows_all = _default_launch(Q, 600, kv_heads, 5010 + kv_heads, cos_sin)
+    x, w, pos, slots, _, cache = inputs
+    for tile, hpc, kps, xm in ((8, 1, 4, False), (16, 1, 4, False), (64, 1, 1, False), (128, 1, 1, False),
+                               (128, 2, 1, True), (256, 2, 1, False)):
+        over = {"tile": (tile, hpc), "k_tiles_per_stage": kps, "x_multicast": xm, "landing_barriers": True}
+        for m in sorted({2 * tile, 2 * tile - 5, max(1, tile - 40), 3}):
+            _assert_part_matches(Q, inputs, slice(0, m), over, y_all, rows_all, kv_heads)
+    over = {"tile": (256, 2), "landing_barriers": True}
+    y_again, _ = run(Q, x, w, pos, slots, cos_sin, torch.full_like(cache, float("nan")), override=over)
+    assert torch.equal(y_again.view(torch.int16), y_all.view(torch.int16)), "run to run"
+
+
 @pytest.mark.parametrize("x_multicast", [False, True], ids=["w", "xw"])
 @pytest.mark.parametrize("kv_heads", [1, 2, 4, 8])   # K splits 3, 3, 1, 2
 def test_weight_multicast_keeps_the_bits(kv_heads, x_multicast, cos_sin):

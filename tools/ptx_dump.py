@@ -16,7 +16,8 @@ import time
 # before: left out of a folder's name where they hold that default, so a dump from before a field
 # existed still compares with one after it.
 LATER_FIELDS = {"fp8": False, "x_multicast": False, "whole_k": False, "w_multicast": False,
-                "register_reallocation": False, "page_box": False, "refill_warp": 0}
+                "register_reallocation": False, "page_box": False, "refill_warp": 0,
+                "landing_barriers": False}
 
 
 def variant_name(op: str, cfg) -> str:

@@ -42,18 +42,20 @@ SMEM_LIMIT = 227 * 1024 - 4096   # what a ring may take of an sm_90 CTA's 227 KB
 # smallest tiles spread 8 tokens over the 3 owners as 4 / 2 / 2 (blocks of 8 give one owner all 8).
 OWNER_BLOCK = 8
 SMALL_TILE_OWNER_BLOCK = 2
-# Landing barriers (QkvFrontConfig.landing_barriers: the split-cluster tiles): an owner's epilogue
-# runs in passes of LANDING_CHUNK_TOKENS owned tokens (a quad of lanes a (token, head) row, 128
-# threads a head), and each pass waits only for its own chunk of the landing zone: the peers push
-# with st.async, whose bytes complete on the owner's mbarrier of that chunk (landing_chunk_bytes
-# of them, registered when the barriers are initialised), a rank's own share stays in its CTA
-# (plain shared stores, then an arrival of each consumer thread on every chunk's barrier), so an
-# owner sums, norms and stores its first tokens while the later ones are still crossing the
-# cluster, instead of waiting for every push at a cluster barrier. The split-K push moves 2 / 3 of a CTA's fp32 accumulator (86 KB at
-# 256 x 2, K split 3) over the SM-to-SM network, about as long as the epilogue (RESULTS.md, the
-# thirty-ninth session's timeline). Only the synchronisation changes: the partials, their places
-# and the order they are added in are the same, so are the bits. st.async needs a cluster of more
-# than one CTA: a split of 1 (Hkv 4 to 7) keeps the plain stores and a cluster barrier.
+# Landing barriers (QkvFrontConfig.landing_barriers, the split-cluster tiles; a development knob
+# until timed on a GPU: no launch of the package takes it, CI compiles it, dev_variants): an
+# owner's epilogue runs in passes of LANDING_CHUNK_TOKENS owned tokens (a quad of lanes a (token,
+# head) row, 128 threads a head), and each pass waits only for its own chunk of the landing zone:
+# the peers push with st.async, whose bytes complete on the owner's mbarrier of that chunk
+# (landing_chunk_bytes of them, registered when the barriers are initialised), a rank's own share
+# stays in its CTA (plain shared stores, then an arrival of each consumer thread on every chunk's
+# barrier), so an owner sums, norms and stores its first tokens while the later ones are still
+# crossing the cluster, instead of waiting for every push at a cluster barrier. Why: the push
+# moves 2 / 3 of a CTA's fp32 accumulator (86 KB at 256 x 2, K split 3) over the SM-to-SM
+# network, and took about as long as the epilogue after it (RESULTS.md, the thirty-ninth
+# session's timeline). Only the synchronisation changes: the partials, their places and the order
+# they are added in are the same, so are the bits. st.async needs a cluster of more than one CTA:
+# a split of 1 (Hkv 4 to 7) keeps the plain stores and a cluster barrier.
 LANDING_CHUNK_TOKENS = 32
 INDEX_DTYPES = ("int32", "int64")
 # A partial token tile (the last of a launch whose M is not a multiple of the tile) loads x in boxes
@@ -339,6 +341,7 @@ class QkvFrontConfig:
     whole_k: bool = False   # a CTA sums every K tile as the split's stripes (Whole-K CTAs, above): no cluster
     w_multicast: bool = False   # whole-K: the weight multicast over a pair of token tiles (MULTICAST_GROUP; see above)
     register_reallocation: bool = False   # whole-K two-head: a producer warpgroup (REALLOCATE_FROM_TILE; see above)
+    landing_barriers: bool = False   # split-cluster tiles: the push lands chunk by chunk (LANDING_CHUNK_TOKENS; development)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp (a warpgroup with reallocation)
@@ -379,12 +382,6 @@ class QkvFrontConfig:
         return "last_load" if self.token_tile <= TRIGGER_AT_LAST_LOAD_TILE else "main_loop"
 
     @property
-    def landing_barriers(self) -> bool:
-        """Whether an owner waits for its landing zone chunk by chunk (LANDING_CHUNK_TOKENS): the
-        split-cluster tiles; a whole-K CTA lands its own sum in its own shared memory."""
-        return not self.whole_k
-
-    @property
     def stage_bytes(self) -> int:
         return stage_bytes(self.token_tile, self.heads_per_cta, self.k_tiles_per_stage)
 
@@ -420,6 +417,9 @@ class QkvFrontConfig:
         # the helper CTA past an odd tile count loads no x: x_part_boxes); with x multicast too the
         # cluster is two token tiles x two head groups
         assert not cfg.w_multicast or (cfg.whole_k and cfg.x_part_boxes), cfg
+        # landing barriers: the split-cluster tiles (a whole-K CTA lands its own sum in its own
+        # shared memory)
+        assert not (cfg.landing_barriers and cfg.whole_k), cfg
         # register reallocation: two consumer warpgroups of whole-K tiles (their registers and the
         # producer's fill the SM: PRODUCER_REGISTERS, CONSUMER_REGISTERS)
         assert not cfg.register_reallocation or (cfg.whole_k and cfg.heads_per_cta == 2), cfg
@@ -567,14 +567,19 @@ def dev_variants() -> list[QkvFrontConfig]:
     cluster tile and at a whole-K tile; w_multicast at a three-head whole-K tile, alone and with
     x_multicast (the two-head 128 x 2 with w_multicast is a launch tile: ci_variants);
     register_reallocation with w_multicast at REALLOCATED_MAX_TILE tokens, and 160 x 2 without
-    reallocation (the largest two-head whole-K tile that fits without it)."""
+    reallocation (the largest two-head whole-K tile that fits without it); landing_barriers at
+    the cluster tiles of 16 x 1 (blocks of 2, four K tiles a stage), 256 x 2, and the x multicast
+    tile with an FP8 cache."""
     return ([QkvFrontConfig.create(tile, hpc, True, "int64", "int64", x_multicast=True, whole_k=whole_k)
              for tile, hpc, whole_k in ((128, 1, False), (256, 2, False), (128, 2, True))]
             + [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", w_multicast=True, whole_k=True, x_multicast=x)
                for tile, hpc, x in ((112, 3, False), (112, 3, True))]
             + [QkvFrontConfig.create(REALLOCATED_MAX_TILE, 2, True, "int64", "int64", whole_k=True, w_multicast=True),
                QkvFrontConfig.create(WHOLE_K_MAX_TILE[2], 2, True, "int64", "int64", whole_k=True,
-                                     register_reallocation=False)])
+                                     register_reallocation=False)]
+            + [QkvFrontConfig.create(tile, hpc, True, "int64", "int64", k_tiles_per_stage=kps, landing_barriers=True,
+                                     x_multicast=x, fp8=x)
+               for tile, hpc, kps, x in ((16, 1, 4, False), (256, 2, 1, False), (128, 2, 1, True))])
 
 
 def can_implement(device, kv_heads: int, rope: bool | None = None, fp8: bool = False) -> tuple[bool, str]:
