@@ -100,7 +100,8 @@ def st_landing_f32x2(addr: Int32, local: Int32, v0: Float32, v1: Float32, mbar: 
     st.shared::cluster (no signal)."""
     cute.arch.inline_ptx("{ .reg .pred a, l, c; setp.eq.s32 a, {$r5}, 1; setp.eq.s32 l, {$r5}, 2; "
                          "setp.eq.s32 c, {$r5}, 0; "
-                         "@a st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [{$r0}], {{$r2}, {$r3}}, [{$r4}]; "
+                         "@a st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 "
+                         "[{$r0}], {{$r2}, {$r3}}, [{$r4}]; "
                          "@l st.shared.v2.f32 [{$r1}], {{$r2}, {$r3}}; "
                          "@c st.shared::cluster.v2.f32 [{$r0}], {{$r2}, {$r3}}; }",
                          read_only_args=[addr, local, v0, v1, mbar, mode])

@@ -60,12 +60,12 @@ from cuda.bindings import driver as cuda
 from ..config import CACHE_ROW, GROUP, HEAD_DIM, HIDDEN, PAGE_SIZE, RMS_EPS
 from ..errors import BAD_POSITION, BAD_SLOT
 from . import runtime
-from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mbarrier_wait_cluster, mul_rn, pack_e4m3x4, pack_x2, select, set_error_bit,
-                  st_dsmem_f32x2, st_landing_f32x2)
+from .ptx import (add_rn, bf16_round, div_rn, fma_rn, mbarrier_wait_cluster, mul_rn, pack_e4m3x4, pack_x2, select,
+                  set_error_bit, st_dsmem_f32x2, st_landing_f32x2)
 from .qkv_front_plan import (CONSUMER_REGISTERS, K_TILE, K_TILES, LANDING_CHUNK_TOKENS, MAX_K_SPLIT,  # noqa: F401
-                             PRODUCER_REGISTERS, STAMP_PHASES, STAMP_PRODUCER_PHASES, STAMP_SLOTS, STAMP_SM_SLOT, X_BOX_MIN_ROWS,
-                             QkvFrontConfig, ci_variants, deployment_variants, k_split, landing_chunks, landing_offset,
-                             landing_slab, landing_slab_floats, launch_config, owned_token)
+                             PRODUCER_REGISTERS, STAMP_PHASES, STAMP_PRODUCER_PHASES, STAMP_SLOTS, STAMP_SM_SLOT,
+                             X_BOX_MIN_ROWS, QkvFrontConfig, ci_variants, deployment_variants, k_split, landing_chunks,
+                             landing_offset, landing_slab, landing_slab_floats, launch_config, owned_token)
 
 ROW_THREADS = 4                 # threads per (token, head) row of the epilogue (a quad)
 ROW_COLS = HEAD_DIM // ROW_THREADS
@@ -525,10 +525,10 @@ class SplitK:
     block b by rank b % split as its (b // split)-th owned block; the partial from rank `source` for
     head h of an owner's o-th block lands in slab qkv_front_plan.landing_slab(o, source, h) of the
     owner's landing zone, at landing_offset(column, token % block) in it. With landing barriers
-    (QkvFrontConfig.landing_barriers) and a split of more than one, the pushes are st.async
-    stores that complete on the owner's barrier of their chunk (`landed`: one per
-    LANDING_CHUNK_TOKENS owned tokens, qkv_front_plan.landing_chunk_bytes), and each epilogue
-    pass waits for its own chunk."""
+    (QkvFrontConfig.landing_barriers) and a split of more than one, the pushes to peers are
+    st.async stores that complete on the owner's barrier of their chunk (`landed`: one per
+    LANDING_CHUNK_TOKENS owned tokens, qkv_front_plan.landing_chunk_bytes), the rank's own share
+    is stored locally and arrived for, and each epilogue pass waits for its own chunk."""
     place: ClusterPlace  # the rank and the split; the split's ranks are this pair's CTAs of the cluster
     sL: cute.Tensor      # this CTA's landing zone (fp32, over the ring)
     landed: cute.Pointer | None   # the landing barriers (None without them)
@@ -1166,18 +1166,20 @@ class QkvFrontSm90:
         warp's store of one column group is 256 contiguous bytes to one owner. A store to a peer
         needs no reply, so the warps go on as soon as they are issued (an owner pulling the
         partials instead would wait on its loads in every epilogue pass, bench/RESULTS.md). With
-        landing barriers the stores are st.async, each completing its 8 bytes on the owner's
-        barrier of the chunk its block lies in (SplitK.init_landing), where the split signals."""
+        landing barriers, where the split signals, a store to a peer is st.async, completing its 8
+        bytes on the owner's barrier of the chunk its block lies in (SplitK.init_landing), and the
+        own share goes to this CTA's shared memory, each thread then arriving on every chunk."""
         thr = self.tiled_mma().get_slice(wg_tidx)
         coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
         magic = split_k.magic()
         # the landing zone's address in each rank's window (ranks past the split: the last one, unused)
-        owners = [split_k.place.own(cutlass.min(Int32(r), split_k.split - 1)) for r in range(MAX_K_SPLIT)]
-        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, owners[r]).toint() for r in range(MAX_K_SPLIT)]
-        signals = split_k.signals()
-        # a rank's landing barriers lie at the same distance from its landing zone in every window
-        to_barriers = split_k.landed.toint() - split_k.sL.iterator.toint() if const_expr(split_k.chunks > 0) else 0
-        local = split_k.sL.iterator.toint()
+        base = [cute.arch.map_dsmem_ptr(split_k.sL.iterator, split_k.place.own(
+            cutlass.min(Int32(r), split_k.split - 1))).toint() for r in range(MAX_K_SPLIT)]
+        if const_expr(split_k.chunks > 0):
+            signals = split_k.signals()
+            # a rank's landing barriers lie at the same distance from its landing zone in every window
+            to_barriers = split_k.landed.toint() - split_k.sL.iterator.toint()
+            local = split_k.sL.iterator.toint()   # this CTA's own landing zone (its own share)
         for group in cutlass.range_constexpr(cute.size(acc) // 4):   # column groups of 8 tokens
             for half in cutlass.range_constexpr(2):                   # row halves
                 i = 4 * group + 2 * half

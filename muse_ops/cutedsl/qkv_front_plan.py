@@ -341,7 +341,7 @@ class QkvFrontConfig:
     whole_k: bool = False   # a CTA sums every K tile as the split's stripes (Whole-K CTAs, above): no cluster
     w_multicast: bool = False   # whole-K: the weight multicast over a pair of token tiles (MULTICAST_GROUP; see above)
     register_reallocation: bool = False   # whole-K two-head: a producer warpgroup (REALLOCATE_FROM_TILE; see above)
-    landing_barriers: bool = False   # split-cluster tiles: the push lands chunk by chunk (LANDING_CHUNK_TOKENS; development)
+    landing_barriers: bool = False   # cluster tiles: the push lands chunk by chunk (LANDING_CHUNK_TOKENS; development)
 
     @property
     def threads(self) -> int:   # the consumer warpgroups, then one producer warp (a warpgroup with reallocation)

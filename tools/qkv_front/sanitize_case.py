@@ -6,8 +6,10 @@ Hkv 2, of 6 with a helper CTA at Hkv 1, of 2 at Hkv 4), whole-K tiles (three hea
 4, two-head at Hkv 1 and 8), whole-K weight multicast (128 x 2 at Hkv 2, three token tiles and a
 helper CTA; 112 x 3 with x multicast too at Hkv 1, clusters of 2 x 2), register reallocation
 (224 x 2 at Hkv 2, a whole and a partial tile; 192 x 2 at Hkv 3, K split 2), the plan's x
-multicast tile (128 x 2 at Hkv 8 M=250, clusters of 2 ranks x 2 head groups); last an FP8 cache
-(M = 40 and 300, per-head scales). GPU machine:
+multicast tile (128 x 2 at Hkv 8 M=250, clusters of 2 ranks x 2 head groups); the development knob
+landing_barriers (the 8-token tile and 256 x 2, a whole and a partial tile, at Hkv 2, the x
+multicast tile at Hkv 8, a split of 1 at Hkv 4); last an FP8 cache (M = 40 and 300, per-head
+scales). GPU machine:
     compute-sanitizer --tool memcheck python3 tools/qkv_front/sanitize_case.py
 (PART=sanitize tools/device_run.sh runs every tool on both ops' cases). SANITIZE_FROM=k starts at
 the k-th case (racecheck is slow: the rest of a run that timed out)."""
@@ -34,7 +36,9 @@ BF16_CASES = ((3, 2, None), (40, 2, None), (100, 1, None), (300, 2, None), (40, 
               (300, 2, {"whole_k": True, "tile": (128, 2), "w_multicast": True}),
               (300, 1, {"whole_k": True, "tile": (112, 3), "w_multicast": True, "x_multicast": True}),
               (500, 2, {"whole_k": True, "tile": (224, 2)}), (400, 3, {"whole_k": True, "tile": (192, 2)}),
-              (250, 8, None))
+              (250, 8, None),
+              (3, 2, {"landing_barriers": True}), (300, 2, {"tile": (256, 2), "landing_barriers": True}),
+              (250, 8, {"landing_barriers": True}), (100, 4, {"landing_barriers": True}))
 for i, (m, kv_heads, over) in enumerate(BF16_CASES):
     if i < first:
         continue
