@@ -551,11 +551,11 @@ class SplitK:
         return Int32(self.split > 1) if const_expr(self.chunks > 0) else Int32(0)
 
     @cute.jit
-    def init_landing(self, consumer_threads: cutlass.Constexpr[int]):
+    def init_landing(self, consumer_warps: cutlass.Constexpr[int]):
         """One lane of the producer warp, before the CTA's first barrier: each landing barrier
         waits for this lane's arrival, which registers the bytes the peers push into its chunk
         (none where the pushes do not signal: its phase then completes here), and where they
-        signal for one arrival of each consumer thread once its own rank's share is stored (that
+        signal for one arrival of each consumer warp once its own rank's share is stored (that
         share stays in this CTA: plain shared stores). Peers complete bytes on them only after the
         cluster barrier that follows the main loop, so the release fence of the initialisation
         reaches them first."""
@@ -565,7 +565,7 @@ class SplitK:
                 owned = (self.tile_blocks - self.rank + self.split - 1) // self.split   # the rank's blocks
                 signals = self.signals()
                 for c in cutlass.range_constexpr(self.chunks):
-                    cute.arch.mbarrier_init(self.landed + c, 1 + consumer_threads * signals)
+                    cute.arch.mbarrier_init(self.landed + c, 1 + consumer_warps * signals)
                 cute.arch.mbarrier_init_fence()
                 for c in cutlass.range_constexpr(self.chunks):
                     blocks = cutlass.min(cutlass.max(owned - c * per_chunk, Int32(0)), Int32(per_chunk))
@@ -574,12 +574,16 @@ class SplitK:
 
     @cute.jit
     def own_share_stored(self):
-        """A consumer thread, after its pushes: its stores of its own rank's share are released
-        to the landing barriers (every chunk, whether or not it stored into it)."""
+        """A consumer warp, after its pushes: its lanes' stores of its own rank's share are
+        released to the landing barriers (every chunk, whether or not it stored into it) by lane
+        0, after a warp barrier that orders the other lanes' stores before its arrival (one
+        arrival a warp: 256 threads arriving on each of 8 barriers would queue on them)."""
         if const_expr(self.chunks > 0):
             if self.signals() != 0:
-                for c in cutlass.range_constexpr(self.chunks):
-                    cute.arch.mbarrier_arrive(self.landed + c)
+                cute.arch.sync_warp()
+                if cute.arch.lane_idx() == 0:
+                    for c in cutlass.range_constexpr(self.chunks):
+                        cute.arch.mbarrier_arrive(self.landed + c)
 
     @cute.jit
     def wait_landed(self, chunk: Int32):
@@ -938,7 +942,7 @@ class QkvFrontSm90:
         if warp == self.producer_warp:
             tma.prefetch()
             ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA writing the ring)
-            split_k.init_landing(self.consumer_threads)
+            split_k.init_landing(self.consumer_threads // 32)
         if const_expr(multicast):
             # the peers' copies and arrives land in this CTA's ring: every barrier initialised first
             cute.arch.cluster_arrive_relaxed()
@@ -1168,7 +1172,7 @@ class QkvFrontSm90:
         partials instead would wait on its loads in every epilogue pass, bench/RESULTS.md). With
         landing barriers, where the split signals, a store to a peer is st.async, completing its 8
         bytes on the owner's barrier of the chunk its block lies in (SplitK.init_landing), and the
-        own share goes to this CTA's shared memory, each thread then arriving on every chunk."""
+        own share goes to this CTA's shared memory, each warp then arriving on every chunk."""
         thr = self.tiled_mma().get_slice(wg_tidx)
         coords = thr.partition_C(cute.make_identity_tensor((HEAD_DIM, self.token_tile)))
         magic = split_k.magic()

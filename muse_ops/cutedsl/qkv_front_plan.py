@@ -48,7 +48,7 @@ SMALL_TILE_OWNER_BLOCK = 2
 # head) row, 128 threads a head), and each pass waits only for its own chunk of the landing zone:
 # the peers push with st.async, whose bytes complete on the owner's mbarrier of that chunk
 # (landing_chunk_bytes of them, registered when the barriers are initialised), a rank's own share
-# stays in its CTA (plain shared stores, then an arrival of each consumer thread on every chunk's
+# stays in its CTA (plain shared stores, then an arrival of each consumer warp on every chunk's
 # barrier), so an owner sums, norms and stores its first tokens while the later ones are still
 # crossing the cluster, instead of waiting for every push at a cluster barrier. Why: the push
 # moves 2 / 3 of a CTA's fp32 accumulator (86 KB at 256 x 2, K split 3) over the SM-to-SM
