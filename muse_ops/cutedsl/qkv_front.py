@@ -536,13 +536,11 @@ class SplitK:
     heads: cutlass.Constexpr[int]
     slab_floats: cutlass.Constexpr[int]
     chunks: cutlass.Constexpr[int]   # landing barriers (0 without them)
-    tile_blocks: cutlass.Constexpr[int]   # blocks of the tile (token_tile / block)
 
     @staticmethod
     def create(place: ClusterPlace, ring: Ring, landed: cute.Pointer | None, cfg: QkvFrontConfig) -> "SplitK":
         return SplitK(place, ring.landing_zone(cfg.landing_bytes // 4), landed, cfg.owner_block, cfg.heads_per_cta,
-                      landing_slab_floats(cfg.owner_block), landing_chunks(cfg.token_tile) if landed is not None else 0,
-                      cfg.token_tile // cfg.owner_block)
+                      landing_slab_floats(cfg.owner_block), landing_chunks(cfg.token_tile) if landed is not None else 0)
 
     @cute.jit
     def signals(self) -> Int32:
@@ -551,7 +549,7 @@ class SplitK:
         return Int32(self.split > 1) if const_expr(self.chunks > 0) else Int32(0)
 
     @cute.jit
-    def init_landing(self, consumer_warps: cutlass.Constexpr[int]):
+    def init_landing(self, token_tile: cutlass.Constexpr[int], consumer_warps: cutlass.Constexpr[int]):
         """One lane of the producer warp, before the CTA's first barrier: each landing barrier
         waits for this lane's arrival, which registers the bytes the peers push into its chunk
         (none where the pushes do not signal: its phase then completes here), and where they
@@ -562,7 +560,7 @@ class SplitK:
         if const_expr(self.chunks > 0):
             with cute.arch.elect_one():
                 per_chunk = LANDING_CHUNK_TOKENS // self.block
-                owned = (self.tile_blocks - self.rank + self.split - 1) // self.split   # the rank's blocks
+                owned = self.owned_tokens(Int32(token_tile)) // self.block   # the rank's blocks of the tile
                 signals = self.signals()
                 for c in cutlass.range_constexpr(self.chunks):
                     cute.arch.mbarrier_init(self.landed + c, 1 + consumer_warps * signals)
@@ -942,7 +940,7 @@ class QkvFrontSm90:
         if warp == self.producer_warp:
             tma.prefetch()
             ring.init(4 * self.heads_per_cta)   # one empty arrive per consumer warp (of each CTA writing the ring)
-            split_k.init_landing(self.consumer_threads // 32)
+            split_k.init_landing(self.token_tile, self.consumer_threads // 32)
         if const_expr(multicast):
             # the peers' copies and arrives land in this CTA's ring: every barrier initialised first
             cute.arch.cluster_arrive_relaxed()

@@ -280,10 +280,10 @@ def landing_chunk_bytes(chunk: int, token_tile: int, heads_per_cta: int, split: 
     """Bytes the peers' st.async complete on chunk `chunk` of rank's landing barriers: each of the
     split's other ranks pushes every block of the tile (a partial tile's too), 64 columns x block
     tokens of fp32 a head, and the chunk holds the rank's owned blocks [chunk c, (chunk + 1) c),
-    c = LANDING_CHUNK_TOKENS / block (the rank's own share lands by plain stores). The kernel
-    computes this with the same integer operations."""
+    c = LANDING_CHUNK_TOKENS / block (the rank's own share lands by plain stores). The kernel's
+    SplitK.init_landing computes the same from its own owned_tokens."""
     per_chunk = LANDING_CHUNK_TOKENS // block
-    owned = (token_tile // block - rank + split - 1) // split
+    owned = owned_tokens(token_tile, rank, split, block) // block   # the rank's blocks of the tile
     blocks = min(max(owned - chunk * per_chunk, 0), per_chunk)
     return blocks * (split - 1) * heads_per_cta * HEAD_DIM * block * 4
 
